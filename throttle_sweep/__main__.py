@@ -1,0 +1,44 @@
+"""Hydra entry point: `python -m throttle_sweep [mode=...] [+space=NAME] [key=value ...]`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+from rich.console import Console
+
+from throttle_sweep.config import register
+from throttle_sweep.errors import ThrottleSweepError
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+MODES = ("measure", "compare", "analyze", "sweep", "export")
+
+
+def dispatch(cfg: DictConfig, console: Console) -> int:
+    if cfg.space is not None and cfg.mode == "measure":
+        cfg.mode = "sweep"  # `+space=NAME` alone means: sweep that space
+    if cfg.mode not in MODES:
+        raise ThrottleSweepError(f"mode must be one of {', '.join(MODES)}, but got {cfg.mode!r}")
+    from importlib import import_module
+
+    command = import_module(f"throttle_sweep.commands.{cfg.mode}")
+    return command.run(cfg, console)
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    console = Console(soft_wrap=True)
+    try:
+        code = dispatch(cfg, console)
+    except ThrottleSweepError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    sys.exit(code)
+
+
+register()
+
+if __name__ == "__main__":
+    main()

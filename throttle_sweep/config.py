@@ -1,0 +1,112 @@
+"""Typed config schemas, registered in Hydra's ConfigStore so YAML values are type-checked at composition.
+
+Engine flags (`engine`, `baseline`, `candidate`) are open dicts on purpose: their keys are vLLM's engine
+arguments, checked against vLLM's own `EngineArgs` fields before any engine starts (engines/flags.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class WorkloadConf:
+    num_requests: int = 64
+    prompt_len: int = 64
+    output_len: int = 128
+    length_dist: str = "fixed"
+    length_spread: float = 0.5
+    loop: str = "closed"
+    concurrency: int = 8
+    rate: float | None = None
+    jsonl: str | None = None
+    warmup_requests: int = 4
+    seed: int = 0
+    vocab_limit: int = 1000
+
+
+@dataclass
+class CostConf:
+    usd_per_gpu_hour: float = 1.39
+    gpus: int = 1
+
+
+@dataclass
+class CompareConf:
+    schedule: str = "aba-bab"  # aba-bab | abba | random
+    replicates: int = 3  # per arm
+    alpha: float = 0.05  # two-sided; CHEAPER is a one-sided claim at alpha/2
+    min_effect: float = 0.0  # CHEAPER needs the whole interval below 1 - min_effect
+    equivalence_margin: float = 0.02  # NO DIFFERENCE needs the whole interval inside 1 +/- margin
+    token_tolerance: float = 0.0  # relative spread of output tokens / requests tolerated across replicates
+    seed: int = 0
+
+
+@dataclass
+class StudyConf:
+    name: str | None = None  # null: "sweep-<space>"; the same name resumes the study
+    storage: str | None = None  # any Optuna storage URL; null: sqlite under results/<name>/
+    sampler: str = "tpe"  # tpe | gp | random | grid
+    n_trials: int = 10
+    timeout_s: float | None = None  # wall-time budget for the search
+    budget_usd: float | None = None  # stop when measured GPU time (at the assumed price) reaches this
+    seed: int = 0
+    max_preemptions: int = 0  # a candidate that preempts more than this is infeasible
+    max_p95_ttft_s: float | None = None
+    max_p95_itl_s: float | None = None
+    multi_objective: bool = False  # cost and p95 end-to-end latency: report the Pareto front
+    confirm_top: int = 2  # best feasible candidates re-measured head-to-head
+    confirm_replicates: int = 3
+
+
+@dataclass
+class FakeConf:
+    step_overhead_s: float = 0.004
+    per_seq_s: float = 0.0004
+    per_prefill_token_s: float = 0.00003
+    kv_bytes_per_token: int = 1024
+    start_s: float = 1.5
+    noise_sd: float = 0.0
+    drift_per_start: float = 0.0
+    crash_after_steps: int | None = None
+    fail_start_when: dict[str, int] = field(default_factory=dict)
+    realtime: bool = False
+    seed: int = 0
+
+
+@dataclass
+class RayConf:
+    enabled: bool = False  # run trials on Ray slots (one engine per slot)
+    address: str | None = None  # null: start a private local Ray; "auto" or an address: join that cluster
+    slots: int | None = None  # null: GPUs / tensor_parallel_size, or cpu_slots on a CPU-only cluster
+    cpu_slots: int = 1
+    max_slots: int = 8
+    gpus_per_slot: float | None = None  # null: tensor_parallel_size on GPU clusters, 0 on CPU
+    cpus_per_slot: float = 1.0
+
+
+@dataclass
+class Config:
+    mode: str = "measure"  # measure | compare | analyze | sweep | export
+    backend: str = "vllm"  # vllm | fake
+    run: str | None = None  # results/<run>/; null: generated from mode and time
+    results_dir: str = "results"
+    input: str | None = None  # analyze: records (.jsonl) or a minimal CSV/JSONL
+    engine: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] = field(default_factory=dict)
+    candidate: dict[str, Any] = field(default_factory=dict)
+    workload: WorkloadConf = field(default_factory=WorkloadConf)
+    cost: CostConf = field(default_factory=CostConf)
+    compare: CompareConf = field(default_factory=CompareConf)
+    study: StudyConf = field(default_factory=StudyConf)
+    space: dict[str, Any] | None = None
+    fake: FakeConf = field(default_factory=FakeConf)
+    ray: RayConf = field(default_factory=RayConf)
+    plots: bool = True
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="config_schema", node=Config)

@@ -1,0 +1,29 @@
+"""What a replicate cost. The GPU price is configuration, labelled as assumed wherever it is shown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from throttle_sweep.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Price:
+    usd_per_gpu_hour: float = 1.39
+    gpus: int = 1
+
+    def check(self, source: str = "cost") -> None:
+        if not self.usd_per_gpu_hour > 0:
+            raise ConfigError(f"{source}.usd_per_gpu_hour must be > 0, but got {self.usd_per_gpu_hour!r}")
+        if not isinstance(self.gpus, int) or self.gpus <= 0:
+            raise ConfigError(f"{source}.gpus must be a positive integer, but got {self.gpus!r}")
+
+    def label(self) -> str:
+        return f"at an assumed ${self.usd_per_gpu_hour:g}/GPU-hour x {self.gpus} GPU"
+
+
+def usd_per_mtok(price: Price, wall_s: float, tokens: int) -> float | None:
+    """usd_per_gpu_hour * gpus * wall_s / 3600 / (tokens / 1e6); None when no token was produced."""
+    if tokens <= 0:
+        return None
+    return price.usd_per_gpu_hour * price.gpus * wall_s / 3600.0 / (tokens / 1e6)

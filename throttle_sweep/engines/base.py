@@ -1,0 +1,59 @@
+"""The engine interface, as the measurement code needs it.
+
+An Engine turns a dict of flags into a running EngineSession; a session accepts requests and is
+stepped by the workload driver, which owns the clock-keeping. Stepping (rather than one blocking
+`generate`) is what lets one driver run closed loops, open loops and per-request timings on any engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a fixed workload: the prompt and exactly how many tokens it must produce."""
+
+    id: str
+    output_len: int
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_text: str | None = None
+    arrival_s: float = 0.0  # offset from the start of the run (open loop only)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids) if self.prompt_token_ids is not None else 0
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Progress of one request in one engine step (cumulative output tokens so far)."""
+
+    request_id: str
+    output_tokens: int
+    finished: bool
+    prompt_tokens: int = 0
+
+
+class EngineSession(Protocol):
+    start_seconds: float  # how long the engine took to start
+
+    def add(self, request: Request) -> None: ...
+    def step(self) -> list[StepEvent]: ...
+    def has_unfinished(self) -> bool: ...
+    def kv_cache_usage(self) -> float: ...  # fraction of KV-cache blocks in use, 0..1
+    def preemptions(self) -> int: ...  # cumulative count, from the engine's own metrics
+    def now(self) -> float: ...  # seconds, monotonic (a virtual clock on the fake engine)
+    def wait_until(self, t: float) -> None: ...
+    def close(self) -> None: ...
+
+
+class Engine(Protocol):
+    name: str
+
+    def flag_schema(self) -> Mapping[str, Any]: ...
+    def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]: ...  # flags as the engine gets them
+    def start(self, flags: Mapping[str, Any]) -> EngineSession: ...  # raises EngineStartError
+    def environment(self) -> dict[str, Any]: ...

@@ -1,0 +1,178 @@
+"""A fake engine for fast logic tests: a small simulation of vLLM's scheduler on a virtual clock.
+
+It admits up to `max_num_seqs` requests, charges step time per running sequence and per prefilled
+token, allocates KV-cache blocks as sequences grow, and preempts (recomputes) the newest sequence when
+blocks run out, as vLLM does. So its cost surface and preemption boundary are real consequences of the
+flags, known exactly when `noise_sd` is 0. Knobs inject drift, noise, start failures and mid-run crashes.
+With `realtime=True` a step also sleeps its simulated time (for wall-clock benchmarks).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import random
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from throttle_sweep.engines.base import Request, StepEvent
+from throttle_sweep.errors import EngineRunError, EngineStartError
+
+FAKE_FLAG_SCHEMA: dict[str, Any] = {
+    "model": str | None,
+    "max_num_seqs": int | None,
+    "max_num_batched_tokens": int | None,
+    "kv_cache_memory_bytes": int | None,
+    "block_size": int | None,
+    "max_model_len": int | None,
+    "seed": int | None,
+    "enforce_eager": bool,
+    "enable_chunked_prefill": bool | None,
+    "enable_prefix_caching": bool | None,
+    "gpu_memory_utilization": float,
+    "kv_cache_dtype": Literal["auto", "float16", "bfloat16", "fp8"],
+    "scheduling_policy": Literal["fcfs", "priority"],
+    "tensor_parallel_size": int,
+}
+
+
+@dataclass
+class FakeKnobs:
+    step_overhead_s: float = 0.004
+    per_seq_s: float = 0.0004
+    per_prefill_token_s: float = 0.00003
+    kv_bytes_per_token: int = 1024
+    start_s: float = 1.5
+    noise_sd: float = 0.0  # sd of log step time, drawn once per session (replicate)
+    drift_per_start: float = 0.0  # relative slow-down added by every engine start (machine drift)
+    crash_after_steps: int | None = None  # the engine dies mid-run
+    fail_start_when: dict[str, int] = field(default_factory=dict)  # flag -> start fails above this value
+    realtime: bool = False
+    seed: int = 0
+
+
+class FakeSession:
+    def __init__(self, flags: Mapping[str, Any], knobs: FakeKnobs, start_index: int) -> None:
+        self.knobs = knobs
+        self.max_num_seqs = int(flags.get("max_num_seqs") or 256)
+        self.token_budget = int(flags.get("max_num_batched_tokens") or 8192)
+        self.block_size = int(flags.get("block_size") or 16)
+        kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
+        self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
+        rng = random.Random(knobs.seed * 1_000_003 + start_index)
+        self.speed = (1.0 + knobs.drift_per_start * start_index) * math.exp(rng.gauss(0.0, knobs.noise_sd))
+        self.start_seconds = knobs.start_s
+        self.clock = 0.0
+        self.steps = 0
+        self.preempted = 0
+        self.waiting: deque[dict] = deque()
+        self.running: list[dict] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,
+                             "done": 0, "blocks": 0, "prefilled": False})
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _free_blocks(self) -> int:
+        return self.total_blocks - sum(seq["blocks"] for seq in self.running)
+
+    def step(self) -> list[StepEvent]:
+        if self.knobs.crash_after_steps is not None and self.steps >= self.knobs.crash_after_steps:
+            raise EngineRunError(f"fake engine crashed after {self.steps} steps (crash_after_steps)")
+        self.steps += 1
+        # Grow running sequences by one token; preempt the newest when the cache is full (vLLM's policy).
+        for seq in list(self.running):
+            if seq not in self.running:
+                continue
+            need = self._blocks_for(seq["prompt"] + seq["done"] + 1) - seq["blocks"]
+            while need > self._free_blocks() and self.running:
+                victim = self.running.pop()
+                victim["blocks"], victim["prefilled"] = 0, False
+                self.waiting.appendleft(victim)
+                self.preempted += 1
+                if victim is seq:
+                    break
+            if seq in self.running:
+                seq["blocks"] += need
+        # Admit waiting sequences (prefill, or recompute after preemption) within budget and cache.
+        prefill_tokens = 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq["prompt"] + seq["done"]
+            blocks = self._blocks_for(tokens + 1)
+            if prefill_tokens + tokens > self.token_budget or blocks > self._free_blocks():
+                break
+            self.waiting.popleft()
+            seq["blocks"], seq["prefilled"] = blocks, True
+            prefill_tokens += tokens
+            self.running.append(seq)
+        if not self.running:
+            raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists")
+        elapsed = (self.knobs.step_overhead_s + self.knobs.per_seq_s * len(self.running)
+                   + self.knobs.per_prefill_token_s * prefill_tokens) * self.speed
+        self.clock += elapsed
+        if self.knobs.realtime:
+            time.sleep(elapsed)
+        events = []
+        for seq in list(self.running):
+            seq["done"] += 1
+            finished = seq["done"] >= seq["out"]
+            events.append(StepEvent(seq["id"], seq["done"], finished, seq["prompt"]))
+            if finished:
+                self.running.remove(seq)
+        return events
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def kv_cache_usage(self) -> float:
+        return (self.total_blocks - self._free_blocks()) / self.total_blocks
+
+    def preemptions(self) -> int:
+        return self.preempted
+
+    def now(self) -> float:
+        return self.clock
+
+    def wait_until(self, t: float) -> None:
+        if self.knobs.realtime and t > self.clock:
+            time.sleep(t - self.clock)
+        self.clock = max(self.clock, t)
+
+    def close(self) -> None:
+        self.running.clear()
+        self.waiting.clear()
+
+
+class FakeEngine:
+    name = "fake"
+
+    def __init__(self, knobs: FakeKnobs | None = None) -> None:
+        self.knobs = knobs or FakeKnobs()
+        self.starts = 0
+
+    def flag_schema(self) -> Mapping[str, Any]:
+        return FAKE_FLAG_SCHEMA
+
+    def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in flags.items() if v is not None}
+
+    def start(self, flags: Mapping[str, Any]) -> FakeSession:
+        index = self.starts
+        self.starts += 1
+        for name, limit in self.knobs.fail_start_when.items():
+            if (flags.get(name) or 0) > limit:
+                raise EngineStartError(f"fake engine refuses {name}={flags.get(name)} (> {limit})")
+        if self.knobs.realtime:
+            time.sleep(self.knobs.start_s)
+        return FakeSession(self.engine_flags(flags), self.knobs, index)
+
+    def environment(self) -> dict[str, Any]:
+        return {"engine": self.name, "vllm_version": None, "device": "fake", "device_name": "fake",
+                "host": platform.node(), "cpu_count": os.cpu_count()}

@@ -1,0 +1,146 @@
+"""vLLM's own engine, in this process (`vllm.LLM`), stepped request by request.
+
+With no model named, it serves the embedded tiny Qwen2 config with dummy weights and token-id
+prompts, so every code path that matters for cost (scheduler, KV cache, preemption, metrics) is vLLM's.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from throttle_sweep.engines.base import Request, StepEvent
+from throttle_sweep.engines.flags import vllm_flag_schema
+from throttle_sweep.errors import EngineRunError, EngineStartError
+from throttle_sweep.models import TINY_QWEN2
+
+# vLLM's CPU build: keep the engine core in this process (fast restarts, one writer, no orphans),
+# don't pin OpenMP threads to cores another process may own, and don't oversubscribe 2 cores.
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",  # our own one-line results are the output; vLLM's INFO lines drown them
+}
+
+
+def prepare_environment() -> None:
+    """Set vLLM's CPU environment defaults before vllm is imported (a user's own values win)."""
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+class VllmSession:
+    def __init__(self, llm: Any) -> None:
+        from vllm import SamplingParams
+
+        self.llm = llm
+        self._engine = llm.llm_engine
+        self._scheduler = self._engine.engine_core.engine_core.scheduler
+        self._sampling = SamplingParams
+        self.start_seconds = 0.0
+
+    def add(self, request: Request) -> None:
+        params = self._sampling(
+            max_tokens=request.output_len,
+            min_tokens=request.output_len,
+            ignore_eos=True,
+            detokenize=False,
+            temperature=1.0,
+        )
+        if request.prompt_token_ids is not None:
+            prompt: Any = {"prompt_token_ids": list(request.prompt_token_ids)}
+        else:
+            prompt = request.prompt_text
+        self._engine.add_request(request.id, prompt, params)
+
+    def step(self) -> list[StepEvent]:
+        try:
+            outputs = self._engine.step()
+        except Exception as exc:  # the engine core died mid-run
+            raise EngineRunError(f"vLLM engine step failed: {type(exc).__name__}: {exc}") from exc
+        return [
+            StepEvent(
+                request_id=out.request_id,
+                output_tokens=len(out.outputs[0].token_ids),
+                finished=out.finished,
+                prompt_tokens=len(out.prompt_token_ids or ()),
+            )
+            for out in outputs
+        ]
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished_requests()
+
+    def kv_cache_usage(self) -> float:
+        return float(self._scheduler.kv_cache_manager.usage)
+
+    def preemptions(self) -> int:
+        return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"))
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    def close(self) -> None:
+        try:
+            self._engine.engine_core.shutdown()
+        finally:
+            self.llm = self._engine = self._scheduler = None
+            gc.collect()
+
+
+class VllmInprocEngine:
+    name = "vllm"
+
+    def flag_schema(self) -> Mapping[str, Any]:
+        prepare_environment()
+        return vllm_flag_schema()
+
+    def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's flags plus what measurement needs: metrics on, and the embedded model by default."""
+        resolved = {k: v for k, v in flags.items() if v is not None}
+        if resolved.get("model") is None:
+            resolved["model"] = str(TINY_QWEN2)
+            resolved.setdefault("load_format", "dummy")
+            resolved.setdefault("skip_tokenizer_init", True)
+        resolved["disable_log_stats"] = False  # the preemption counter lives in the stats
+        return resolved
+
+    def start(self, flags: Mapping[str, Any]) -> VllmSession:
+        prepare_environment()
+        from vllm import LLM
+
+        began = time.perf_counter()
+        try:
+            llm = LLM(**self.engine_flags(flags))
+        except Exception as exc:
+            gc.collect()
+            raise EngineStartError(f"{type(exc).__name__}: {exc}") from exc
+        session = VllmSession(llm)
+        session.start_seconds = time.perf_counter() - began
+        return session
+
+    def environment(self) -> dict[str, Any]:
+        prepare_environment()
+        import torch
+        import vllm
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return {
+            "engine": self.name,
+            "vllm_version": vllm.__version__,
+            "torch_version": torch.__version__,
+            "device": device,
+            "device_name": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor(),
+            "host": platform.node(),
+            "cpu_count": os.cpu_count(),
+        }

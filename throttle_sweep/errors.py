@@ -1,0 +1,23 @@
+"""Errors the user can act on. Each names the rule, the bad value and where it came from."""
+
+from __future__ import annotations
+
+
+class ThrottleSweepError(Exception):
+    """Base for every error this tool raises on purpose."""
+
+
+class ConfigError(ThrottleSweepError, ValueError):
+    """Bad input found before any expensive work starts."""
+
+
+class RecordError(ThrottleSweepError, ValueError):
+    """A replicate record or analysis input that cannot be read or trusted."""
+
+
+class EngineStartError(ThrottleSweepError, RuntimeError):
+    """The engine refused to start with the given flags; the message is the engine's reason."""
+
+
+class EngineRunError(ThrottleSweepError, RuntimeError):
+    """The engine died or failed while serving the workload."""

@@ -1,0 +1,82 @@
+"""From a composed config to checked objects. Every check here runs before any engine starts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import Engine, FakeKnobs, make_engine
+from throttle_sweep.engines.flags import check_flags
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.models import TINY_QWEN2, model_config
+from throttle_sweep.workload import WorkloadSpec
+
+
+def plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def price_from(cfg: DictConfig) -> Price:
+    price = Price(float(cfg.cost.usd_per_gpu_hour), int(cfg.cost.gpus))
+    price.check()
+    return price
+
+
+def workload_from(cfg: DictConfig) -> WorkloadSpec:
+    return WorkloadSpec(**plain(cfg.workload))
+
+
+def engine_from(cfg: DictConfig) -> Engine:
+    knobs = FakeKnobs(**plain(cfg.fake)) if cfg.backend == "fake" else None
+    return make_engine(cfg.backend, fake_knobs=knobs)
+
+
+def arm_flags(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Engine flags for one arm: `base` with non-null `overrides` on top; nulls mean vLLM's default."""
+    flags = {k: v for k, v in dict(base).items() if v is not None}
+    flags.update({k: v for k, v in dict(overrides or {}).items() if v is not None})
+    return flags
+
+
+def is_local_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or Path(model).exists()
+
+
+def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> None:
+    """Check one arm's flags and the workload against them; raises ConfigError naming the bad key."""
+    check_flags(flags, engine.flag_schema(), source=source)
+    for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
+                "block_size", "tensor_parallel_size"):
+        value = flags.get(key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{source}.{key} must be a positive integer, but got {value!r}")
+    model = flags.get("model")
+    if model is not None and is_local_path(str(model)):
+        path = Path(str(model)).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"{source}.model: no such model folder {str(model)!r}")
+    config = model_config(str(Path(str(model)).expanduser()) if model else str(TINY_QWEN2)) or {}
+    max_len = flags.get("max_model_len") or config.get("max_position_embeddings")
+    spec.check(max_model_len=max_len)
+    if model is None and spec.jsonl is not None:
+        _check_token_prompts(spec)
+
+
+def _check_token_prompts(spec: WorkloadSpec) -> None:
+    from throttle_sweep.workload import make_requests
+
+    if any(r.prompt_token_ids is None for r in make_requests(spec)):
+        raise ConfigError(f"workload.jsonl {spec.jsonl!r}: the embedded model has no tokenizer, so prompts "
+                          "must be 'prompt_token_ids'; name a real model (engine.model=...) for text prompts")
+
+
+def run_dir(cfg: DictConfig, default_name: str | None = None) -> Path:
+    name = cfg.run or default_name or f"{cfg.mode}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    if "/" in name or name in ("", ".", ".."):
+        raise ConfigError(f"run must be a plain folder name, but got {name!r}")
+    return Path(cfg.results_dir) / name

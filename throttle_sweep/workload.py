@@ -1,0 +1,170 @@
+"""Fixed work: a seeded request set, and the drivers that push it through an engine session.
+
+Every request produces exactly its output length (the engine sets ignore_eos), so the completed output
+tokens of a replicate never move and its cost per token moves only with time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from throttle_sweep.engines.base import EngineSession, Request
+from throttle_sweep.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    num_requests: int = 64
+    prompt_len: int = 64
+    output_len: int = 128
+    length_dist: Literal["fixed", "uniform"] = "fixed"
+    length_spread: float = 0.5  # uniform: lengths drawn from [L*(1-spread), L*(1+spread)]
+    loop: Literal["closed", "open"] = "closed"
+    concurrency: int = 8  # closed loop: requests kept in flight
+    rate: float | None = None  # open loop: Poisson arrivals per second
+    jsonl: str | None = None  # prompts from a file: {"prompt_token_ids": [...] | "prompt": "...", "output_len": N}
+    warmup_requests: int = 4
+    seed: int = 0
+    vocab_limit: int = 1000  # synthetic token ids are drawn below this (valid for any real vocabulary)
+
+    def check(self, *, max_model_len: int | None, source: str = "workload") -> None:
+        """Raise ConfigError naming the key for any value that cannot describe a fixed workload."""
+        positive = {"num_requests": self.num_requests, "prompt_len": self.prompt_len,
+                    "output_len": self.output_len, "concurrency": self.concurrency}
+        for key, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{source}.{key} must be a positive integer, but got {value!r}")
+        if not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
+            raise ConfigError(f"{source}.warmup_requests must be >= 0, but got {self.warmup_requests!r}")
+        if self.length_dist not in ("fixed", "uniform"):
+            raise ConfigError(f"{source}.length_dist must be 'fixed' or 'uniform', but got {self.length_dist!r}")
+        if not 0 <= self.length_spread < 1:
+            raise ConfigError(f"{source}.length_spread must be in [0, 1), but got {self.length_spread!r}")
+        if self.loop not in ("closed", "open"):
+            raise ConfigError(f"{source}.loop must be 'closed' or 'open', but got {self.loop!r}")
+        if self.loop == "open" and (self.rate is None or self.rate <= 0):
+            raise ConfigError(f"{source}.rate must be > 0 requests/s for an open loop, but got {self.rate!r}")
+        if self.jsonl is not None and not Path(self.jsonl).is_file():
+            raise ConfigError(f"{source}.jsonl: no such file {self.jsonl!r}")
+        if max_model_len is not None:
+            longest = max(r.prompt_len + r.output_len for r in make_requests(self))
+            if longest > max_model_len:
+                raise ConfigError(
+                    f"{source}: prompt + output length reaches {longest} tokens, beyond max_model_len="
+                    f"{max_model_len}; lower {source}.output_len / prompt_len or raise engine.max_model_len")
+
+
+def _length(rng: random.Random, spec: WorkloadSpec, mean: int) -> int:
+    if spec.length_dist == "fixed":
+        return mean
+    return max(1, round(rng.uniform(mean * (1 - spec.length_spread), mean * (1 + spec.length_spread))))
+
+
+def make_requests(spec: WorkloadSpec, *, warmup: bool = False) -> list[Request]:
+    """The measured request set (or the warm-up set), identical for every replicate with the same spec."""
+    rng = random.Random(spec.seed + (7919 if warmup else 0))
+    count = spec.warmup_requests if warmup else spec.num_requests
+    prefix = "warmup-" if warmup else "req-"
+    if spec.jsonl is not None and not warmup:
+        rows = _read_jsonl(Path(spec.jsonl), spec)
+    else:
+        rows = [(tuple(rng.randrange(10, spec.vocab_limit) for _ in range(_length(rng, spec, spec.prompt_len))),
+                 None, _length(rng, spec, spec.output_len)) for _ in range(count)]
+    arrival, requests = 0.0, []
+    for i, (token_ids, text, output_len) in enumerate(rows):
+        if spec.loop == "open" and not warmup and i > 0:
+            arrival += rng.expovariate(spec.rate)
+        requests.append(Request(f"{prefix}{i}", output_len, token_ids, text, arrival))
+    return requests
+
+
+def _read_jsonl(path: Path, spec: WorkloadSpec) -> list[tuple]:
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
+        ids, text = row.get("prompt_token_ids"), row.get("prompt")
+        if (ids is None) == (text is None):
+            raise ConfigError(f"{where}: give exactly one of 'prompt_token_ids' or 'prompt'")
+        if ids is not None and not (ids and all(isinstance(t, int) and t >= 0 for t in ids)):
+            raise ConfigError(f"{where}: 'prompt_token_ids' must be a non-empty list of token ids")
+        output_len = row.get("output_len", spec.output_len)
+        if not isinstance(output_len, int) or output_len <= 0:
+            raise ConfigError(f"{where}: 'output_len' must be a positive integer, but got {output_len!r}")
+        rows.append((tuple(ids) if ids is not None else None, text, output_len))
+    if not rows:
+        raise ConfigError(f"{path}: no requests in the file")
+    return rows[: spec.num_requests]
+
+
+@dataclass
+class RequestTiming:
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int = 0
+    submitted_s: float = 0.0
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+
+@dataclass
+class DriveResult:
+    timings: list[RequestTiming]
+    started_s: float
+    finished_s: float
+    peak_kv_cache_usage: float
+
+    @property
+    def wall_s(self) -> float:
+        return self.finished_s - self.started_s
+
+
+def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, concurrency: int) -> DriveResult:
+    """Push every request through the session: a closed loop keeps `concurrency` in flight; an open loop
+    submits each at its arrival offset. Returns per-request timings on the session's clock."""
+    pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
+    pending.reverse()  # pop() from the end = next request in order
+    timings: dict[str, RequestTiming] = {}
+    in_flight, peak_kv = 0, 0.0
+    started = session.now()
+
+    def submit(request: Request) -> None:
+        nonlocal in_flight
+        session.add(request)
+        timings[request.id] = RequestTiming(request.id, request.prompt_len, submitted_s=session.now())
+        in_flight += 1
+
+    while pending or in_flight:
+        if loop == "closed":
+            while pending and in_flight < concurrency:
+                submit(pending.pop())
+        else:
+            while pending and pending[-1].arrival_s <= session.now() - started:
+                submit(pending.pop())
+            if not in_flight:
+                session.wait_until(started + pending[-1].arrival_s)
+                continue
+        events = session.step()
+        now = session.now()
+        peak_kv = max(peak_kv, session.kv_cache_usage())
+        for event in events:
+            timing = timings[event.request_id]
+            timing.output_tokens = event.output_tokens
+            if event.prompt_tokens:
+                timing.prompt_tokens = event.prompt_tokens
+            if timing.first_token_s is None and event.output_tokens > 0:
+                timing.first_token_s = now
+            if event.finished:
+                timing.finished_s = now
+                in_flight -= 1
+    return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv)
