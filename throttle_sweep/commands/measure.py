@@ -7,7 +7,15 @@ from rich.console import Console
 
 from throttle_sweep.measure import measure_replicate, one_line
 from throttle_sweep.records import append_record
-from throttle_sweep.settings import arm_flags, engine_from, plain, preflight, price_from, run_dir, workload_from
+from throttle_sweep.settings import (
+    arm_flags,
+    engine_from,
+    plain,
+    preflight,
+    price_from,
+    run_dir,
+    workload_from,
+)
 
 
 def run(cfg: DictConfig, console: Console) -> int:

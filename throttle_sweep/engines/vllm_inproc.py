@@ -37,8 +37,11 @@ def prepare_environment() -> None:
 class VllmSession:
     def __init__(self, llm: Any) -> None:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         self.llm = llm
+        self._delta = RequestOutputKind.DELTA  # only new tokens per step: no per-step copies of whole outputs
+        self._produced: dict[str, int] = {}
         self._engine = llm.llm_engine
         self._scheduler = self._engine.engine_core.engine_core.scheduler
         self._sampling = SamplingParams
@@ -51,27 +54,29 @@ class VllmSession:
             ignore_eos=True,
             detokenize=False,
             temperature=1.0,
+            output_kind=self._delta,
         )
         if request.prompt_token_ids is not None:
             prompt: Any = {"prompt_token_ids": list(request.prompt_token_ids)}
         else:
             prompt = request.prompt_text
         self._engine.add_request(request.id, prompt, params)
+        self._produced[request.id] = 0
 
     def step(self) -> list[StepEvent]:
         try:
             outputs = self._engine.step()
         except Exception as exc:  # the engine core died mid-run
             raise EngineRunError(f"vLLM engine step failed: {type(exc).__name__}: {exc}") from exc
-        return [
-            StepEvent(
-                request_id=out.request_id,
-                output_tokens=len(out.outputs[0].token_ids),
-                finished=out.finished,
-                prompt_tokens=len(out.prompt_token_ids or ()),
-            )
-            for out in outputs
-        ]
+        events = []
+        for out in outputs:
+            produced = self._produced[out.request_id] + len(out.outputs[0].token_ids)
+            if out.finished:
+                del self._produced[out.request_id]
+            else:
+                self._produced[out.request_id] = produced
+            events.append(StepEvent(out.request_id, produced, out.finished, len(out.prompt_token_ids or ())))
+        return events
 
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished_requests()

@@ -1,0 +1,85 @@
+"""The real vLLM CPU engine with the embedded tiny model: measurement, restarts, preemption, failures."""
+
+from __future__ import annotations
+
+import gc
+
+import psutil
+import pytest
+
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import VllmInprocEngine
+from throttle_sweep.engines.flags import check_flags, vllm_flag_schema
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.records import append_record, read_records
+from throttle_sweep.workload import WorkloadSpec
+
+pytestmark = pytest.mark.integration
+BASE = {"max_model_len": 1024, "kv_cache_memory_bytes": 64 << 20, "enforce_eager": True, "seed": 0}
+SMALL = WorkloadSpec(num_requests=16, prompt_len=32, output_len=32, concurrency=8, warmup_requests=2)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return VllmInprocEngine()
+
+
+def measure(engine, flags, spec=SMALL, position=0):
+    return measure_replicate(engine, {**BASE, **flags}, spec, Price(), run_id="it", arm="x", position=position)
+
+
+def test_measure_once_writes_a_valid_record(engine, tmp_path):
+    record = measure(engine, {"max_num_seqs": 8})
+    assert record["status"] == "ok", record.get("reason")
+    assert record["output_tokens"] == 16 * 32 and record["input_tokens"] == 16 * 32
+    assert record["requests_completed"] == 16 and record["requests_failed"] == 0
+    assert record["preemptions"] == 0 and 0 < record["peak_kv_cache_usage"] < 0.1
+    assert record["environment"]["vllm_version"] and record["environment"]["device"] == "cpu"
+    assert record["engine_flags"]["load_format"] == "dummy" and record["engine_start_s"] > 0
+    append_record(tmp_path / "r.jsonl", record)
+    assert read_records(tmp_path / "r.jsonl")[0]["usd_per_mtok"] == record["usd_per_mtok"]
+
+
+def test_three_restarts_in_one_process_give_memory_back(engine):
+    rss = []
+    for _ in range(3):
+        assert measure(engine, {"max_num_seqs": 4})["status"] == "ok"
+        gc.collect()
+        rss.append(psutil.Process().memory_info().rss)
+    # Each engine holds 64 MiB of KV cache plus weights; a leak would grow RSS by that much per restart.
+    assert rss[2] - rss[0] < 48 << 20, [r >> 20 for r in rss]
+
+
+def test_preemption_counter_rises_when_the_kv_cache_is_tiny_and_stays_zero_when_large(engine):
+    spec = WorkloadSpec(num_requests=16, prompt_len=32, output_len=400, concurrency=8, warmup_requests=0)
+    tiny = measure(engine, {"max_num_seqs": 8, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 512}, spec)
+    large = measure(engine, {"max_num_seqs": 8, "max_model_len": 512}, spec)
+    assert tiny["status"] == large["status"] == "ok"
+    assert tiny["preemptions"] > 5 and tiny["peak_kv_cache_usage"] > 0.9
+    assert large["preemptions"] == 0
+    assert tiny["output_tokens"] == large["output_tokens"] == 16 * 400  # fixed work despite recomputation
+
+
+def test_eight_in_flight_is_clearly_cheaper_than_one(engine):
+    spec = WorkloadSpec(num_requests=16, prompt_len=32, output_len=64, concurrency=8, warmup_requests=2)
+    one = measure(engine, {"max_num_seqs": 1}, spec)
+    eight = measure(engine, {"max_num_seqs": 8}, spec)
+    assert eight["usd_per_mtok"] < 0.6 * one["usd_per_mtok"], (one["usd_per_mtok"], eight["usd_per_mtok"])
+
+
+def test_engine_that_cannot_start_yields_a_failed_record_with_vllms_reason(engine):
+    record = measure(engine, {"max_num_seqs": 8, "kv_cache_memory_bytes": 4096, "max_model_len": 1024})
+    assert record["status"] == "failed" and record["stage"] == "start"
+    assert "cache" in record["reason"].lower()
+    # and the process can start a good engine right after
+    assert measure(engine, {"max_num_seqs": 2})["status"] == "ok"
+
+
+def test_flags_are_checked_against_vllms_engine_args():
+    schema = vllm_flag_schema()
+    check_flags({"max_num_seqs": 8, "enable_prefix_caching": True, "kv_cache_dtype": "auto"}, schema, source="e")
+    with pytest.raises(ConfigError, match="nearest valid names: max_num_seqs"):
+        check_flags({"max_num_seq": 8}, schema, source="engine")
+    with pytest.raises(ConfigError, match="'max_num_seqs' must be int or null"):
+        check_flags({"max_num_seqs": "eight"}, schema, source="engine")

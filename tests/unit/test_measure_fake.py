@@ -1,0 +1,95 @@
+"""measure_replicate and the measure command's preflight, on the fake engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import measure as measure_cmd
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
+from throttle_sweep.engines.flags import check_flags
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.records import read_records
+from throttle_sweep.workload import WorkloadSpec
+
+SPEC = WorkloadSpec(num_requests=32, prompt_len=32, output_len=64, concurrency=8)
+
+
+def measure(flags, knobs=None, spec=SPEC):
+    return measure_replicate(FakeEngine(knobs), flags, spec, Price(), run_id="t", arm="baseline", position=0)
+
+
+def test_fixed_work_and_cost_from_wall_time():
+    record = measure({"max_num_seqs": 8})
+    assert record["status"] == "ok"
+    assert record["output_tokens"] == 32 * 64 and record["requests_completed"] == 32
+    assert record["usd_per_mtok"] == pytest.approx(1.39 * record["wall_s"] / 3600 / (32 * 64 / 1e6))
+    assert 0 < record["peak_kv_cache_usage"] <= 1
+    assert record["latency_s"]["ttft"]["p50"] <= record["latency_s"]["e2e"]["p50"]
+
+
+def test_more_sequences_in_flight_is_cheaper_until_the_cache_runs_out():
+    one, eight = measure({"max_num_seqs": 1}), measure({"max_num_seqs": 8})
+    assert eight["usd_per_mtok"] < 0.5 * one["usd_per_mtok"]
+    assert one["preemptions"] == eight["preemptions"] == 0
+    tiny_cache = measure({"max_num_seqs": 8, "kv_cache_memory_bytes": 24 * 16 * 1024})
+    assert tiny_cache["preemptions"] > 0 and tiny_cache["output_tokens"] == eight["output_tokens"]
+
+
+def test_engine_that_fails_to_start_gives_a_failed_record():
+    record = measure({"max_num_seqs": 64}, FakeKnobs(fail_start_when={"max_num_seqs": 32}))
+    assert record["status"] == "failed" and record["stage"] == "start"
+    assert "max_num_seqs=64" in record["reason"]
+
+
+def test_engine_that_dies_mid_run_gives_a_failed_record():
+    record = measure({"max_num_seqs": 8}, FakeKnobs(crash_after_steps=5))
+    assert record["status"] == "failed" and record["stage"] == "run"
+    assert "crashed after 5 steps" in record["reason"]
+
+
+def test_unknown_flag_names_the_nearest_valid_ones():
+    with pytest.raises(ConfigError, match=r"engine: unknown engine flag 'max_num_seq'; nearest valid names: "
+                                          r"max_num_seqs"):
+        check_flags({"max_num_seq": 8}, FAKE_FLAG_SCHEMA, source="engine")
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("max_num_seqs", "8", "must be int or null"),
+    ("max_num_seqs", 8.5, "must be int or null"),
+    ("enforce_eager", 1, "must be bool"),
+    ("kv_cache_dtype", "fp4", "must be one of 'auto'"),
+])
+def test_wrong_type_is_named(flag, value, expected):
+    with pytest.raises(ConfigError, match=rf"engine flag '{flag}' {expected}"):
+        check_flags({flag: value}, FAKE_FLAG_SCHEMA, source="engine")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+engine.max_num_seq=4", "unknown engine flag 'max_num_seq'"),
+    ("engine.max_num_seqs=0", "engine.max_num_seqs must be a positive integer"),
+    ("workload.num_requests=-1", "workload.num_requests must be a positive integer"),
+    ("workload.output_len=2000", "beyond max_model_len=1024"),
+    ("cost.usd_per_gpu_hour=0", "cost.usd_per_gpu_hour must be > 0"),
+    ("engine.model=/no/such/model", "engine.model: no such model folder"),
+])
+def test_measure_command_refuses_bad_input_before_any_engine_starts(tmp_path, override, message, monkeypatch):
+    started = []
+    monkeypatch.setattr(FakeEngine, "start", lambda self, flags: started.append(flags))
+    cfg = compose_cfg("backend=fake", override, tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        measure_cmd.run(cfg, console=None)
+    assert started == []
+
+
+def test_measure_command_writes_a_record(tmp_path, capsys):
+    from rich.console import Console
+
+    cfg = compose_cfg("backend=fake", "run=one", "engine.max_num_seqs=8", tmp_path=tmp_path)
+    assert measure_cmd.run(cfg, Console()) == 0
+    (record,) = read_records(tmp_path / "one" / "replicates.jsonl")
+    assert record["flags"]["max_num_seqs"] == 8 and record["status"] == "ok"
+    assert "$" in capsys.readouterr().out
