@@ -1,0 +1,125 @@
+"""mode=compare and mode=analyze on the fake engine: verdicts, reproducibility, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.analysis import analyse
+from throttle_sweep.commands import analyze as analyze_cmd
+from throttle_sweep.commands import compare as compare_cmd
+from throttle_sweep.engines import FakeEngine
+from throttle_sweep.errors import ConfigError, RecordError
+from throttle_sweep.records import read_records
+from throttle_sweep.stats import CHEAPER, PRICIER, WITHHELD, Thresholds
+
+NOISY = ["backend=fake", "fake.noise_sd=0.02", "fake.drift_per_start=0.05", "workload.num_requests=24",
+         "workload.output_len=32"]
+
+
+def run_compare(tmp_path, *overrides, name="c"):
+    cfg = compose_cfg(*NOISY, f"run={name}", *overrides, tmp_path=tmp_path)
+    assert compare_cmd.run(cfg, Console(quiet=True)) == 0
+    return json.loads((tmp_path / name / "summary.json").read_text())
+
+
+def test_eight_in_flight_is_cheaper_than_one_despite_drift(tmp_path):
+    summary = run_compare(tmp_path)
+    assert summary["verdict"] == CHEAPER and summary["ci"][1] < 1
+    assert summary["labels"] == {"baseline": "max_num_seqs=1", "candidate": "max_num_seqs=8"}
+    assert [r["arm"][0] for r in summary["replicates"]] == list("bcbcbc")
+    assert (tmp_path / "c" / "replicates.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_aa_compare_never_claims_a_difference(tmp_path, seed):
+    summary = run_compare(tmp_path, "baseline.max_num_seqs=4", "candidate.max_num_seqs=4",
+                          f"fake.seed={seed}", "compare.schedule=abba")
+    assert summary["verdict"] not in (CHEAPER, PRICIER)
+    assert summary["labels"]["baseline"] == "baseline (A/A)"
+
+
+def test_analyze_reproduces_compare_exactly(tmp_path):
+    compared = run_compare(tmp_path)
+    cfg = compose_cfg(f"input={tmp_path / 'c' / 'replicates.jsonl'}", "mode=analyze", "run=again", tmp_path=tmp_path)
+    assert analyze_cmd.run(cfg, Console(quiet=True)) == 0
+    (folder,) = (tmp_path / "again" / "analysis").iterdir()
+    assert json.loads((folder / "summary.json").read_text()) == compared
+
+
+def test_interrupted_compare_resumes_without_measuring_twice(tmp_path, monkeypatch):
+    real_start, starts = FakeEngine.start, []
+
+    def start(self, flags):
+        starts.append(flags)
+        if len(starts) == 4:
+            raise KeyboardInterrupt  # the user stops the run during the 4th replicate
+        return real_start(self, flags)
+
+    monkeypatch.setattr(FakeEngine, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(tmp_path)
+    assert len(read_records(tmp_path / "c" / "replicates.jsonl")) == 3
+    monkeypatch.setattr(FakeEngine, "start", real_start)
+    summary = run_compare(tmp_path)
+    records = read_records(tmp_path / "c" / "replicates.jsonl")
+    assert sorted(r["position"] for r in records) == list(range(6))  # nothing lost, nothing repeated
+    assert summary["verdict"] == CHEAPER
+
+
+def test_denominator_moving_withholds_the_verdict():
+    recs = [{"arm": a, "position": i, "usd_per_mtok": 1.0 + 0.01 * i, "output_tokens": 1000 + (i == 3) * 50,
+             "requests_completed": 8, "status": "ok"} for i, a in enumerate(["baseline", "candidate"] * 3)]
+    result = analyse(recs, Thresholds())
+    assert result.verdict == WITHHELD and "output_tokens differ" in result.notes[0]
+    assert analyse(recs, Thresholds(), token_tolerance=0.1).verdict != WITHHELD
+
+
+def test_preemption_in_one_arm_only_is_reported():
+    recs = [{"arm": a, "position": i, "usd_per_mtok": 1.0 - 0.3 * (a == "candidate") + 0.001 * i,
+             "preemptions": 7 * (a == "candidate"), "status": "ok"}
+            for i, a in enumerate(["baseline", "candidate"] * 3)]
+    result = analyse(recs, Thresholds())
+    assert any("only the candidate arm" in n and "21 preemptions" in n for n in result.notes)
+
+
+def test_failed_replicates_are_excluded_and_named():
+    recs = [{"arm": a, "position": i, "usd_per_mtok": 1.0, "status": "ok"}
+            for i, a in enumerate(["baseline", "candidate"] * 3)]
+    recs[5] = {**recs[5], "status": "failed", "reason": "engine died", "usd_per_mtok": None}
+    result = analyse(recs, Thresholds())
+    assert result.estimate.n_candidate == 2 and any("position 5" in n and "engine died" in n for n in result.notes)
+
+
+def write_csv(tmp_path, rows):
+    path = tmp_path / "in.csv"
+    path.write_text("arm,order,usd_per_mtok\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("rows, error, message", [
+    ([("baseline", 1, 1.0), ("baseline", 2, 1.1), ("baseline", 3, 1.0)], ConfigError, "at least 2 replicates of the candidate"),
+    ([("baseline", 1, 1.0), ("candidate", 2, 1.1), ("baseline", 3, 1.0)], ConfigError, "at least 2 replicates of the candidate"),
+    ([("baseline", 1, 1.0), ("candidate", 2, 0), ("baseline", 3, 1.0)], RecordError, "in.csv:3: usd_per_mtok must be > 0"),
+    ([("baseline", 1, 1.0), ("control", 2, 1.0)], RecordError, "in.csv:3: arm must be 'baseline' or 'candidate'"),
+    ([("baseline", 1, 1.0), ("candidate", 1, 1.0)], RecordError, "row 2 repeats order 1"),
+    ([("baseline", "", 1.0)], RecordError, "in.csv:2: missing 'order'"),
+    ([("baseline", 1, "")], RecordError, "in.csv:2: missing 'usd_per_mtok'"),
+])
+def test_analyze_bad_input_names_the_row_and_rule(tmp_path, rows, error, message):
+    cfg = compose_cfg("mode=analyze", f"input={write_csv(tmp_path, rows)}", tmp_path=tmp_path)
+    with pytest.raises(error, match=message):
+        analyze_cmd.run(cfg, Console(quiet=True))
+
+
+def test_compare_refuses_bad_input_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
+    for override, message in [("compare.replicates=1", "at least 2 per arm"),
+                              ("compare.schedule=zigzag", "compare.schedule must be one of"),
+                              ("+candidate.max_num_seq=3", "candidate: unknown engine flag 'max_num_seq'"),
+                              ("compare.alpha=0", "compare.alpha must be in")]:
+        with pytest.raises(ConfigError, match=message):
+            compare_cmd.run(compose_cfg("backend=fake", override, tmp_path=tmp_path), Console(quiet=True))

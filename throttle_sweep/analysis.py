@@ -1,0 +1,140 @@
+"""From replicate records to a comparison: checks of the denominator, then the drift-aware estimate.
+
+The same function serves `mode=compare` (records it just measured) and `mode=analyze` (records read back,
+or anyone's minimal CSV/JSONL of arm, order, usd_per_mtok), so the two always print the same numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from throttle_sweep.errors import ConfigError, RecordError
+from throttle_sweep.records import check_record
+from throttle_sweep.schedule import BASELINE, CANDIDATE
+from throttle_sweep.stats import WITHHELD, Estimate, Observation, Thresholds, estimate
+
+
+@dataclass
+class Analysis:
+    verdict: str
+    estimate: Estimate | None
+    records: list[dict[str, Any]]  # every record, in run order (failed ones included)
+    labels: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def costs(self, arm: str) -> list[tuple[int, float]]:
+        return [(r["position"], r["usd_per_mtok"]) for r in self.records if r["arm"] == arm and _ok(r)]
+
+
+def _ok(record: Mapping[str, Any]) -> bool:
+    return record.get("status", "ok") == "ok" and record.get("usd_per_mtok") is not None
+
+
+def arm_labels(baseline: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None) -> dict[str, str]:
+    """Short labels naming only the flags that differ, e.g. max_num_seqs=1 vs max_num_seqs=8."""
+    if baseline is None or candidate is None:
+        return {BASELINE: BASELINE, CANDIDATE: CANDIDATE}
+    keys = sorted(k for k in set(baseline) | set(candidate) if baseline.get(k) != candidate.get(k))
+    if not keys:
+        return {BASELINE: "baseline (A/A)", CANDIDATE: "candidate (A/A)"}
+
+    def label(flags: Mapping[str, Any]) -> str:
+        return " ".join(f"{k}={flags.get(k, 'default')}" for k in keys)
+
+    return {BASELINE: label(baseline), CANDIDATE: label(candidate)}
+
+
+def _spread(values: Sequence[float]) -> float:
+    return (max(values) - min(values)) / max(values) if values and max(values) > 0 else 0.0
+
+
+def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, token_tolerance: float = 0.0,
+            labels: dict[str, str] | None = None, strict: bool = False) -> Analysis:
+    """strict: bad data (one arm, < 2 replicates per arm, bad costs) raises instead of withholding the
+    verdict; for input given to analyze, where nothing was measured that a report must keep."""
+    rows = sorted((dict(r) for r in records), key=lambda r: r["position"])
+    if labels is None:
+        first = {arm: next((r.get("flags") for r in rows if r["arm"] == arm), None) for arm in (BASELINE, CANDIDATE)}
+        labels = arm_labels(first[BASELINE], first[CANDIDATE])
+    notes: list[str] = []
+    ok = [r for r in rows if _ok(r)]
+    failed = [r for r in rows if not _ok(r)]
+    for r in failed:
+        notes.append(f"replicate at position {r['position']} ({r['arm']}) failed: {r.get('reason')}; excluded")
+    for key in ("output_tokens", "requests_completed"):
+        values = [r[key] for r in ok if r.get(key) is not None]
+        if values and _spread(values) > token_tolerance:
+            notes.insert(0, f"verdict withheld: {key} differ across replicates ({min(values)} to {max(values)}, "
+                            f"tolerance {token_tolerance:.1%}); cost per token is not comparable")
+            return Analysis(WITHHELD, None, rows, labels, notes)
+    preempt = {arm: sum(r.get("preemptions") or 0 for r in ok if r["arm"] == arm) for arm in (BASELINE, CANDIDATE)}
+    if (preempt[BASELINE] > 0) != (preempt[CANDIDATE] > 0):
+        arm = BASELINE if preempt[BASELINE] else CANDIDATE
+        notes.append(f"only the {arm} arm ({labels[arm]}) preempted: {preempt[arm]} preemptions in total")
+    try:
+        est = estimate([Observation(r["arm"], r["position"], r["usd_per_mtok"]) for r in ok], thresholds)
+    except ConfigError as exc:
+        if strict:
+            raise
+        notes.insert(0, f"verdict withheld: {exc}")
+        return Analysis(WITHHELD, None, rows, labels, notes)
+    notes.extend(est.warnings)
+    return Analysis(est.verdict, est, rows, labels, notes)
+
+
+# ---- analyze input: this tool's records, or a minimal CSV / JSONL (arm, order, usd_per_mtok) ----
+
+def load_input(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ConfigError(f"input: no such file {str(path)!r}")
+    if path.suffix.lower() == ".csv":
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = [(i, row) for i, row in enumerate(csv.DictReader(handle), 2)]  # line 1 is the header
+    else:
+        rows = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append((i, json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise RecordError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+    if not rows:
+        raise RecordError(f"{path}: no rows")
+    return [_normalise(row, f"{path}:{i}") for i, row in rows]
+
+
+def _normalise(row: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if "schema_version" in row:  # one of this tool's replicate records
+        check_record(row, where=where)
+        return dict(row)
+    for key in ("arm", "order", "usd_per_mtok"):
+        if row.get(key) in (None, ""):
+            raise RecordError(f"{where}: missing '{key}' (rows need arm, order, usd_per_mtok)")
+    arm = str(row["arm"]).strip().lower()
+    if arm not in (BASELINE, CANDIDATE):
+        raise RecordError(f"{where}: arm must be 'baseline' or 'candidate', but got {row['arm']!r}")
+    try:
+        order = float(row["order"])
+        cost = float(row["usd_per_mtok"])
+    except (TypeError, ValueError):
+        raise RecordError(f"{where}: order and usd_per_mtok must be numbers, but got "
+                          f"{row['order']!r} and {row['usd_per_mtok']!r}") from None
+    if not cost > 0:
+        raise RecordError(f"{where}: usd_per_mtok must be > 0, but got {row['usd_per_mtok']!r}")
+    out = {k: v for k, v in row.items() if k not in ("arm", "order", "usd_per_mtok")}
+    return {**out, "arm": arm, "position": int(order) if order.is_integer() else order, "usd_per_mtok": cost,
+            "status": "ok"}
+
+
+def check_positions(records: Sequence[Mapping[str, Any]], source: str) -> None:
+    seen: dict[Any, int] = {}
+    for i, r in enumerate(records, 1):
+        if r["position"] in seen:
+            raise RecordError(f"{source}: row {i} repeats order {r['position']} (first at row {seen[r['position']]}); "
+                              "each run position must be unique")
+        seen[r["position"]] = i

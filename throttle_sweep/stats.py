@@ -1,0 +1,162 @@
+"""Drift-aware comparison of two arms: pure functions, no I/O.
+
+Model: log(cost_i) = a + d * candidate_i + g * position_i + e_i, fitted by least squares. The position
+term absorbs linear machine drift over the run, so an interleaved order estimates the arm effect d free
+of it; exp(d) is the candidate/baseline cost ratio. The interval is t-based with n - 3 degrees of freedom
+(honest for the handful of replicates a GPU budget allows). Verdicts compare the whole interval with the
+decision thresholds:
+  CHEAPER        upper bound < 1 - min_effect          (a one-sided claim at alpha/2)
+  PRICIER        lower bound > 1 + min_effect
+  NO DIFFERENCE  interval inside [1 - margin, 1 + margin]
+  INCONCLUSIVE   anything else, with how many more replicates per arm would likely decide
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats as sps
+
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.schedule import BASELINE, CANDIDATE, confounding
+
+CHEAPER, PRICIER, NO_DIFFERENCE, INCONCLUSIVE = "CHEAPER", "PRICIER", "NO DIFFERENCE", "INCONCLUSIVE"
+WITHHELD = "WITHHELD"  # the denominator moved: no verdict is honest
+CONFOUNDING_WARN = 0.5
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    alpha: float = 0.05
+    min_effect: float = 0.0
+    equivalence_margin: float = 0.02
+
+    def check(self, source: str = "compare") -> None:
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"{source}.alpha must be in (0, 1), but got {self.alpha!r}")
+        if not 0 <= self.min_effect < 1:
+            raise ConfigError(f"{source}.min_effect must be in [0, 1), but got {self.min_effect!r}")
+        if not 0 <= self.equivalence_margin < 1:
+            raise ConfigError(f"{source}.equivalence_margin must be in [0, 1), but got {self.equivalence_margin!r}")
+
+
+@dataclass(frozen=True)
+class Observation:
+    arm: str
+    position: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float  # two-sided, for "ratio = 1"
+    se_log: float
+    df: int
+    drift_per_position: float  # relative change of cost per run position, estimated
+    confounding: float
+    n_baseline: int
+    n_candidate: int
+    verdict: str
+    more_replicates_per_arm: int | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def percent(self) -> tuple[float, float, float]:
+        return (100 * (self.ratio - 1), 100 * (self.ci_low - 1), 100 * (self.ci_high - 1))
+
+
+def check_observations(observations: Sequence[Observation]) -> None:
+    arms = {o.arm for o in observations}
+    unknown = arms - {BASELINE, CANDIDATE}
+    if unknown:
+        raise ConfigError(f"arm must be 'baseline' or 'candidate', but got {sorted(unknown)}")
+    for arm in (BASELINE, CANDIDATE):
+        n = sum(o.arm == arm for o in observations)
+        if n < 2:
+            raise ConfigError(f"need at least 2 replicates of the {arm} arm, but got {n}")
+    bad = [o for o in observations if not (math.isfinite(o.cost) and o.cost > 0)]
+    if bad:
+        raise ConfigError(f"cost must be a positive number, but got {bad[0].cost!r} at position {bad[0].position}")
+    positions = [o.position for o in observations]
+    if len(set(positions)) != len(positions):
+        dup = sorted({p for p in positions if positions.count(p) > 1})
+        raise ConfigError(f"run positions must be unique, but {dup} occur more than once")
+
+
+def fit(observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Least squares of log cost on [1, candidate, position]: coefficients, their covariance, residual df."""
+    y = np.log([o.cost for o in observations])
+    pos = np.array([o.position for o in observations], dtype=float)
+    x = np.column_stack([np.ones(len(y)), [o.arm == CANDIDATE for o in observations], pos - pos.mean()])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    df = len(y) - x.shape[1]
+    resid = y - x @ coef
+    sigma2 = float(resid @ resid) / df if df > 0 else float("nan")
+    cov = sigma2 * np.linalg.inv(x.T @ x)
+    return coef, cov, df
+
+
+def decide(lo: float, hi: float, t: Thresholds) -> str:
+    if hi < 1 - t.min_effect:
+        return CHEAPER
+    if lo > 1 + t.min_effect:
+        return PRICIER
+    if 1 - t.equivalence_margin <= lo and hi <= 1 + t.equivalence_margin:
+        return NO_DIFFERENCE
+    return INCONCLUSIVE
+
+
+def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thresholds,
+                         limit: int = 200) -> int | None:
+    """More replicates per arm after which the interval would likely clear a decision threshold, assuming
+    the estimate and noise stay as measured (SE shrinks as 1/sqrt(n)). None: not within `limit`."""
+    room = [math.log(1 - t.min_effect) - est_log, est_log - math.log(1 + t.min_effect)]
+    if t.equivalence_margin > 0:
+        room.append(min(math.log(1 + t.equivalence_margin) - est_log, est_log - math.log(1 - t.equivalence_margin)))
+    best = max(room)
+    if best <= 0 or not math.isfinite(se_log) or se_log <= 0:
+        return None
+    n = np.arange(n_per_arm + 1, n_per_arm + limit + 1)
+    half = sps.t.ppf(1 - t.alpha / 2, 2 * n - 3) * se_log * np.sqrt(n_per_arm / n)
+    hits = np.nonzero(half < best)[0]
+    return int(n[hits[0]] - n_per_arm) if hits.size else None
+
+
+def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thresholds()) -> Estimate:
+    """The drift-aware candidate/baseline cost ratio, its interval and the verdict."""
+    check_observations(observations)
+    coef, cov, df = fit(observations)
+    effect, se = float(coef[1]), float(math.sqrt(cov[1, 1])) if df > 0 else float("nan")
+    tq = sps.t.ppf(1 - thresholds.alpha / 2, df) if df > 0 else float("inf")
+    lo, hi = math.exp(effect - tq * se), math.exp(effect + tq * se)
+    p = float(2 * sps.t.sf(abs(effect / se), df)) if df > 0 and se > 0 else float("nan")
+    n_b = sum(o.arm == BASELINE for o in observations)
+    n_c = len(observations) - n_b
+    conf = confounding([o.arm for o in observations], [o.position for o in observations])
+    warnings = []
+    if conf > CONFOUNDING_WARN:
+        warnings.append(f"the run order confounds arm with time (|corr(arm, position)| = {conf:.2f}): "
+                        "drift and the flag cannot be told apart well; use an interleaved schedule")
+    verdict = decide(lo, hi, thresholds)
+    more = replicates_to_decide(effect, se, min(n_b, n_c), thresholds) if verdict == INCONCLUSIVE else None
+    return Estimate(ratio=math.exp(effect), ci_low=lo, ci_high=hi, p_value=p, se_log=se, df=df,
+                    drift_per_position=math.exp(float(coef[2])) - 1, confounding=conf, n_baseline=n_b,
+                    n_candidate=n_c, verdict=verdict, more_replicates_per_arm=more, warnings=tuple(warnings))
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down: which hypotheses are rejected at family-wise level alpha."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] <= alpha / (len(p_values) - rank):
+            rejected[i] = True
+        else:
+            break
+    return rejected
