@@ -1,0 +1,167 @@
+"""The sweep on the fake engine, whose cost surface and preemption boundary follow from its simulation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import export as export_cmd
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.records import read_records
+from throttle_sweep.workload import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+KV = 48 * 16 * 1024  # 48 blocks of 16 tokens: the fake preempts once ~12 sequences of 64 tokens run at once
+WORK = ["workload.num_requests=32", "workload.prompt_len=16", "workload.output_len=48", "workload.concurrency=32",
+        "workload.warmup_requests=0", f"engine.kv_cache_memory_bytes={KV}"]
+SPACE = ["+space=batching", "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+         "~space.max_num_batched_tokens"]
+
+
+def truth():
+    """Cost and preemptions of every point, measured directly on the noiseless fake."""
+    spec = WorkloadSpec(num_requests=32, prompt_len=16, output_len=48, concurrency=32, warmup_requests=0)
+    out = {}
+    for n in range(1, 33):
+        r = measure_replicate(FakeEngine(FakeKnobs()), {"max_num_seqs": n, "kv_cache_memory_bytes": KV,
+                                                        "max_model_len": 1024}, spec, Price(), run_id="t",
+                              arm="x", position=0, environment={})
+        out[n] = (r["usd_per_mtok"], r["preemptions"])
+    return out
+
+
+def sweep(tmp_path, *overrides, name="s"):
+    cfg = compose_cfg("backend=fake", *WORK, *SPACE, f"study.name={name}", *overrides, tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
+
+
+def test_the_fake_surface_has_a_boundary_inside_the_range():
+    surface = truth()
+    assert surface[1][1] == 0 and surface[32][1] > 0
+    feasible = {n: c for n, (c, p) in surface.items() if p == 0}
+    assert max(feasible) < 32 and surface[max(feasible) + 1][1] > 0
+
+
+def test_grid_sweep_finds_the_cheapest_feasible_point_and_never_an_infeasible_one(tmp_path):
+    surface = truth()
+    best = min((n for n, (c, p) in surface.items() if p == 0), key=lambda n: surface[n][0])
+    study = sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", "study.confirm_top=2",
+                  "compare.replicates=2", "study.confirm_replicates=2")
+    winner = study.user_attrs["winner"]
+    assert winner["params"] == {"max_num_seqs": best}
+    assert surface[winner["params"]["max_num_seqs"]][1] == 0
+    cheapest_overall = min(surface, key=lambda n: surface[n][0])
+    assert surface[cheapest_overall][1] > 0, "the surface should tempt the search past the boundary"
+    report = (tmp_path / "s" / "report.md").read_text()
+    edge = max(n for n, (c, p) in surface.items() if p == 0)
+    assert f"preemption starts between max_num_seqs {edge} (none) and {edge + 1} (preempted)" in report
+    assert (tmp_path / "s" / "history.png").exists() and (tmp_path / "s" / "cost_vs_max_num_seqs.png").exists()
+
+
+def test_tpe_sweep_with_noise_reports_a_feasible_winner(tmp_path):
+    study = sweep(tmp_path, "study.n_trials=10", "fake.noise_sd=0.02", "fake.drift_per_start=0.01")
+    surface = truth()
+    assert surface[study.user_attrs["winner"]["params"]["max_num_seqs"]][1] == 0
+    for t in study.trials:
+        assert t.user_attrs.get("verdict") is None or t.user_attrs["preemptions"] >= 0
+
+
+def test_failed_trials_never_win(tmp_path):
+    study = sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", "+fake.fail_start_when.max_num_seqs=6",
+                  "compare.replicates=2", "study.confirm_replicates=2")
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and all(t.params["max_num_seqs"] > 6 for t in failed)
+    assert all("refuses max_num_seqs" in t.user_attrs["reason"] for t in failed)
+    assert study.user_attrs["winner"]["params"]["max_num_seqs"] <= 6
+
+
+def test_export_writes_configs_and_export_mode_rebuilds_them(tmp_path):
+    sweep(tmp_path, "study.n_trials=4", "space.max_num_seqs.low=2", "space.max_num_seqs.high=8", "compare.replicates=2",
+          "study.confirm_replicates=2", "study.confirm_top=1")
+    best = tmp_path / "s" / "best"
+    yaml_text = (best / "vllm_config.yaml").read_text()
+    (best / "vllm_config.yaml").unlink()
+    cfg = compose_cfg("backend=fake", *WORK, "mode=export", "study.name=s", tmp_path=tmp_path)
+    assert export_cmd.run(cfg, Console(quiet=True)) == 0
+    assert (best / "vllm_config.yaml").read_text() == yaml_text
+    assert "max-num-seqs:" in yaml_text and "disable-log-stats" not in yaml_text
+    assert (best / "vllm_serve.sh").read_text().startswith("#!/usr/bin/env bash\nvllm serve ")
+    assert json.loads((best / "best.json").read_text())["params"]["max_num_seqs"] >= 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("space.max_num_seqs.low=100", r"space 'batching' .*max_num_seqs: low <= high must hold, but got \(low=100"),
+    ("+space.max_num_seq={type:int,low:1,high:4}", "unknown engine flag 'max_num_seq'"),
+    ("space.max_num_batched_tokens.choices=[]", "max_num_batched_tokens.choices must be a non-empty list"),
+    ("space.max_num_seqs.type=integer", "max_num_seqs.type must be one of int, float, categorical"),
+    ("space.max_num_seqs.high=2.5", "max_num_seqs.high must be an integer"),
+    ("study.sampler=cmaes", "study.sampler must be one of"),
+    ("study.n_trials=0", "study.n_trials must be at least 1"),
+])
+def test_bad_space_fails_before_any_engine_starts(tmp_path, monkeypatch, override, message):
+    monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
+    cfg = compose_cfg("backend=fake", "+space=batching", override, tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        sweep_cmd.run(cfg, Console(quiet=True))
+
+
+def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
+    """A real process, killed with SIGKILL while measuring; the same command again finishes the sweep."""
+    args = [sys.executable, "-m", "throttle_sweep", "backend=fake", *WORK, *SPACE, "study.name=k",
+            f"results_dir={tmp_path}", "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2",
+            "study.confirm_top=1", "plots=false"]
+    records = tmp_path / "k" / "replicates.jsonl"
+    proc = subprocess.Popen([*args, "fake.realtime=true", "fake.start_s=0.2"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill in the middle of the second trial (after 6 of its 4+4 replicates)
+        if records.exists() and len(records.read_text().splitlines()) >= 6:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = read_records(records)
+    assert 6 <= len(before) < 5 * 4
+    subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = read_records(records)
+    assert after[: len(before)] == before  # nothing already measured was lost or rewritten
+    slots = Counter((r["comparison"], r["position"]) for r in after)
+    assert max(slots.values()) == 1, "a replicate was measured twice"
+    study = optuna.load_study(study_name="k", storage=f"sqlite:///{tmp_path / 'k' / 'study.db'}")
+    done = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("interrupted")]
+    assert len(done) == 5 and all(t.state == optuna.trial.TrialState.COMPLETE for t in done)
+    searched = {r["comparison"] for r in after if r["stage"] == "search"}
+    assert all(Counter(r["comparison"] for r in after)[c] == 4 for c in searched)  # every trial complete
+    assert "winner" in study.user_attrs
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["+space=batching"], ["+space=memory"], ["+space=scheduler"], ["+experiment=demo"], ["engine=gpu"],
+    ["workload=open_loop"],
+])
+def test_every_shipped_config_composes_and_passes_its_checks(overrides):
+    from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
+    from throttle_sweep.settings import plain, price_from, workload_from
+    from throttle_sweep.space import build_space
+
+    cfg = compose_cfg(*overrides)
+    price_from(cfg)
+    workload_from(cfg).check(max_model_len=cfg.engine.max_model_len)
+    if cfg.space is not None:
+        assert build_space(plain(cfg.space), FAKE_FLAG_SCHEMA, source="space")

@@ -1,0 +1,190 @@
+"""mode=sweep (or just `+space=NAME`): search, confirm, report, export."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from throttle_sweep.commands.compare import thresholds_from
+from throttle_sweep.commands.export import export_winner
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.pool import LocalPool
+from throttle_sweep.progress import Progress
+from throttle_sweep.records import append_record, read_records
+from throttle_sweep.settings import arm_flags, engine_from, plain, preflight, price_from, workload_from
+from throttle_sweep.space import build_space, grid
+from throttle_sweep.sweep import Sweep, SweepSettings, resume_key
+from throttle_sweep.sweep_report import lines, write_report
+
+SAMPLERS = ("tpe", "gp", "random", "grid")
+
+
+def space_name() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.choices.get("space") or "custom"
+    return "custom"
+
+
+def study_location(cfg: DictConfig) -> tuple[str, Path, str]:
+    """(study name, results folder, storage URL)."""
+    name = cfg.study.name or cfg.run or f"sweep-{space_name()}"
+    if "/" in name:
+        raise ConfigError(f"study.name must be a plain name, but got {name!r}")
+    out = Path(cfg.results_dir) / name
+    storage = cfg.study.storage or f"sqlite:///{out / 'study.db'}"
+    return name, out, storage
+
+
+def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool) -> optuna.samplers.BaseSampler:
+    kind, seed = cfg.study.sampler, cfg.study.seed
+
+    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+        return trial.user_attrs.get("constraints", [1.0])
+
+    if kind == "tpe":
+        startup = max(3, min(10, cfg.study.n_trials // 3))
+        return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, n_startup_trials=startup,
+                                          constant_liar=parallel)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":  # every grid point is enqueued (see enqueue_grid); the sampler only fills gaps
+        grid(distributions)
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ConfigError(f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {kind!r}")
+
+
+def settings_from(cfg: DictConfig) -> SweepSettings:
+    s = cfg.study
+    for key in ("n_trials", "confirm_replicates"):
+        if s[key] is None or s[key] < (1 if key == "n_trials" else 2):
+            raise ConfigError(f"study.{key} must be at least {1 if key == 'n_trials' else 2}, but got {s[key]!r}")
+    if s.confirm_top < 0 or s.max_preemptions < 0:
+        raise ConfigError("study.confirm_top and study.max_preemptions must be >= 0")
+    for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_itl_s"):
+        if s[key] is not None and s[key] <= 0:
+            raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
+    if s.multi_objective:
+        raise ConfigError("study.multi_objective is not implemented yet; use max_p95_ttft_s / max_p95_itl_s limits")
+    return SweepSettings(
+        n_trials=s.n_trials, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
+        usd_per_engine_hour=cfg.cost.usd_per_gpu_hour * cfg.cost.gpus, max_preemptions=s.max_preemptions,
+        max_p95_ttft_s=s.max_p95_ttft_s, max_p95_itl_s=s.max_p95_itl_s, schedule=cfg.compare.schedule,
+        replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
+        confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
+        thresholds=thresholds_from(cfg))
+
+
+def run(cfg: DictConfig, console: Console) -> int:
+    if cfg.space is None:
+        raise ConfigError("a sweep needs a search space: add +space=batching (or memory, scheduler, or your own)")
+    price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
+    settings = settings_from(cfg)
+    name, out, storage = study_location(cfg)
+    source = f"space '{space_name()}' (conf/space/{space_name()}.yaml)"
+    distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
+    base = arm_flags(plain(cfg.engine))
+    baseline = arm_flags(base, plain(cfg.baseline))
+    preflight(engine, baseline, spec, source="baseline")
+    for flag, dist in distributions.items():  # the extremes of the space must pass the same checks
+        for value in _extremes(dist):
+            preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
+    if "max_num_seqs" in distributions and spec.loop == "closed":
+        top = _extremes(distributions["max_num_seqs"])[-1]
+        if spec.concurrency < top:
+            console.print(f"[yellow]note:[/] workload.concurrency={spec.concurrency} keeps fewer requests in flight "
+                          f"than max_num_seqs can reach ({top}); values above {spec.concurrency} cannot differ")
+    make_sampler(cfg, distributions, parallel=False)  # a bad sampler name fails here, before any engine
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml")
+    path = out / "replicates.jsonl"
+    existing = read_records(path) if path.exists() else []
+
+    pool, closer = make_pool(cfg, engine, spec, price, run_id=name)
+    study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True,
+                                sampler=make_sampler(cfg, distributions, parallel=pool.size > 1))
+    if cfg.study.sampler == "grid":
+        enqueue_grid(study, distributions, seed=cfg.study.seed)
+    study.set_user_attr("space", plain(cfg.space))
+    study.set_user_attr("baseline", baseline)
+    previous = len(study.trials)
+    console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
+                  f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
+                  f"baseline {baseline}; study {storage}")
+    if previous:
+        console.print(f"resuming: {previous} trials and {len(existing)} replicates already in the study")
+    total = settings.n_trials * 2 * settings.replicates + settings.confirm_top * 2 * settings.confirm_replicates
+    progress = Progress(console, total)
+    sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
+                  workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
+                  write=partial(append_record, path), existing=existing, settings=settings,
+                  on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else
+                  console.print(msg, highlight=False))
+    try:
+        result = sweep.run()
+    except KeyboardInterrupt:
+        console.print(f"[bold yellow]interrupted[/]: every finished replicate is in {path}; run the same command "
+                      "again to resume")
+        raise
+    finally:
+        closer()
+    for line in lines(result, price, settings.max_preemptions):
+        console.print(line, highlight=False)
+    report = write_report(out, result, price, settings.max_preemptions, plots=cfg.plots)
+    console.print(f"report: {report}")
+    if result.winner is not None:
+        est = (result.winner.adjusted or result.winner.analysis).estimate
+        study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
+                                       "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],
+                                       "key": resume_key(study.trials[result.winner.source_trial])})
+        paths = export_winner(cfg, engine, study, out)
+        console.print(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
+    return 0
+
+
+def enqueue_grid(study: optuna.Study, distributions: dict[str, Any], *, seed: int) -> None:
+    """Optuna's GridSampler stops the study from inside `tell`, which ask-and-tell loops cannot use; so the
+    grid is enqueued once, in a seeded shuffled order, and measured like any other trials."""
+    import itertools
+    import random
+
+    if study.user_attrs.get("grid_enqueued"):
+        return
+    values = grid(distributions)
+    points = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
+    random.Random(seed).shuffle(points)
+    for point in points:
+        study.enqueue_trial(point)
+    study.set_user_attr("grid_enqueued", True)
+
+
+def _extremes(dist: Any) -> list[Any]:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return list(dist.choices)
+    return [dist.low, dist.high]
+
+
+def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str):
+    """One local slot, or Ray actors (cluster.py) when ray.enabled."""
+    if cfg.ray.enabled:
+        from throttle_sweep.cluster import make_ray_pool
+
+        return make_ray_pool(cfg, spec, price, run_id=run_id)
+    environment = engine.environment()
+
+    def measure(flags, arm, position, context):
+        return measure_replicate(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
+                                 environment=environment, context=context)
+
+    pool = LocalPool(measure)
+    return pool, pool.close

@@ -1,0 +1,97 @@
+"""Search spaces: typed entries from Hydra's `space` group, checked, then turned into Optuna distributions.
+
+    max_num_seqs: {type: int, low: 1, high: 64, log: true}
+    enable_prefix_caching: {type: categorical, choices: [true, false]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna.distributions as od
+
+from throttle_sweep.engines.flags import check_flags
+from throttle_sweep.errors import ConfigError
+
+KINDS = ("int", "float", "categorical")
+ALLOWED_KEYS = {"int": {"type", "low", "high", "step", "log"}, "float": {"type", "low", "high", "step", "log"},
+                "categorical": {"type", "choices"}}
+
+
+def _number(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind == "int" else isinstance(value, int | float)
+
+
+def build_space(space: Mapping[str, Any], flag_schema: Mapping[str, Any], *, source: str
+                ) -> dict[str, od.BaseDistribution]:
+    """Check every entry and return flag -> Optuna distribution; ConfigError names source and key."""
+    if not space:
+        raise ConfigError(f"{source}: the search space is empty")
+    out: dict[str, od.BaseDistribution] = {}
+    for flag, entry in space.items():
+        where = f"{source}: {flag}"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where} must be a mapping with a 'type', but got {entry!r}")
+        kind = entry.get("type")
+        if kind not in KINDS:
+            raise ConfigError(f"{where}.type must be one of {', '.join(KINDS)}, but got {kind!r}")
+        extra = set(entry) - ALLOWED_KEYS[kind]
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {sorted(extra)} for type {kind} "
+                              f"(allowed: {sorted(ALLOWED_KEYS[kind])})")
+        if kind == "categorical":
+            choices = entry.get("choices")
+            if not isinstance(choices, list | tuple) or not choices:
+                raise ConfigError(f"{where}.choices must be a non-empty list, but got {choices!r}")
+            for choice in choices:
+                check_flags({flag: choice}, flag_schema, source=where)
+            out[flag] = od.CategoricalDistribution(list(choices))
+            continue
+        low, high, step, log = entry.get("low"), entry.get("high"), entry.get("step"), bool(entry.get("log", False))
+        for key, value in (("low", low), ("high", high)):
+            if not _number(value, kind):
+                raise ConfigError(f"{where}.{key} must be {'an integer' if kind == 'int' else 'a number'}, "
+                                  f"but got {value!r}")
+        if low > high:
+            raise ConfigError(f"{where}: low <= high must hold, but got (low={low}, high={high})")
+        if log and low <= 0:
+            raise ConfigError(f"{where}: a log scale needs low > 0, but got low={low}")
+        if step is not None and (not _number(step, kind) or step <= 0):
+            raise ConfigError(f"{where}.step must be a positive {'integer' if kind == 'int' else 'number'}, "
+                              f"but got {step!r}")
+        if step is not None and log:
+            raise ConfigError(f"{where}: step and log cannot be combined")
+        check_flags({flag: low}, flag_schema, source=where)  # the flag exists and takes this kind of value
+        if kind == "int":
+            out[flag] = od.IntDistribution(low, high, log=log, step=step or 1)
+        else:
+            out[flag] = od.FloatDistribution(float(low), float(high), log=log, step=step)
+    return out
+
+
+def grid(distributions: Mapping[str, od.BaseDistribution], limit: int = 10_000) -> dict[str, list[Any]]:
+    """Every value of each flag, for Optuna's GridSampler; only finite spaces of a sane size."""
+    values: dict[str, list[Any]] = {}
+    size = 1
+    for flag, dist in distributions.items():
+        if isinstance(dist, od.CategoricalDistribution):
+            values[flag] = list(dist.choices)
+        elif isinstance(dist, od.IntDistribution) and not dist.log:
+            values[flag] = list(range(dist.low, dist.high + 1, dist.step))
+        elif isinstance(dist, od.IntDistribution):
+            v, values[flag] = dist.low, []
+            while v <= dist.high:  # powers of two on a log scale
+                values[flag].append(v)
+                v *= 2
+        elif isinstance(dist, od.FloatDistribution) and dist.step:
+            n = round((dist.high - dist.low) / dist.step)
+            values[flag] = [dist.low + i * dist.step for i in range(n + 1)]
+        else:
+            raise ConfigError(f"sampler=grid needs a finite space, but {flag} is a continuous float without step")
+        size *= len(values[flag])
+    if size > limit:
+        raise ConfigError(f"sampler=grid: the space has {size} points, more than {limit}")
+    return values

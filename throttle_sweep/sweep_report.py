@@ -1,0 +1,156 @@
+"""What a sweep found: the trial table, the preemption boundary, the confirmed winner, report.md and plots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from throttle_sweep.cost import Price
+from throttle_sweep.sweep import SweepResult, feasible
+
+
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("interrupted"):
+            continue
+        a = t.user_attrs
+        status = "ok" if t.state == TrialState.COMPLETE else t.state.name.lower()
+        rows.append({"trial": t.number, "params": t.params, "usd_per_mtok": a.get("usd_per_mtok"),
+                     "ratio": a.get("ratio"), "ci": a.get("ci"), "verdict": a.get("verdict"),
+                     "preemptions": a.get("preemptions"), "feasible": feasible(t), "status": status,
+                     "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of")})
+    return rows
+
+
+def boundary(study: optuna.Study) -> list[str]:
+    """Per numeric flag: the largest value measured without preemption and the smallest with it."""
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
+            and "preemptions" in t.user_attrs]
+    lines = []
+    ordered = (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)
+    flags = sorted({k for t in done for k, d in t.distributions.items() if isinstance(d, ordered)})
+    for flag in flags:
+        clean = [t.params[flag] for t in done if flag in t.params and t.user_attrs["preemptions"] == 0]
+        dirty = [t.params[flag] for t in done if flag in t.params and t.user_attrs["preemptions"] > 0]
+        others = " (other flags varied)" if len(done[0].params) > 1 else ""
+        if clean and dirty:
+            lines.append(f"preemption starts between {flag} {max(clean)} (none) and {min(dirty)} "
+                         f"(preempted){others}")
+        elif dirty:
+            lines.append(f"every measured {flag} preempted (smallest: {min(dirty)}); lower the range or give "
+                         "the KV cache more memory")
+        elif clean:
+            lines.append(f"no preemption up to {flag} {max(clean)}: the boundary lies beyond the range searched")
+    return lines
+
+
+def fmt_params(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
+    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [95% CI]':<22} {'verdict':<13} {'preempt':>7}  status"]
+    for r in trial_rows(result.study):
+        cost = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
+        ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] else "-"
+        status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
+        if r["duplicate_of"] is not None:
+            status += f" (same flags as trial {r['duplicate_of']})"
+        if r["reason"]:
+            status += f": {r['reason'][:80]}"
+        out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {cost:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
+                   f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {status}")
+    out.append(f"($ per million output tokens, {price.label()}; ratio = candidate/baseline, drift-aware)")
+    out.extend(boundary(result.study))
+    infeasible = [t for t in result.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
+                  and not feasible(t)]
+    if infeasible:
+        cheapest = min(infeasible, key=lambda t: t.value)
+        best = min((t for t in result.study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: t.value,
+                   default=None)
+        note = ""
+        if best is not None and cheapest.value < best.value:
+            note = (" - cheaper than the best feasible point: recomputation is cheap on this engine, but "
+                    "preemption costs tail latency, so it stays excluded")
+        out.append(f"for information, cheapest with preemption allowed: {fmt_params(cheapest.params)} ratio "
+                   f"{cheapest.value:.3f} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
+    for c in result.confirmations:
+        est = (c.adjusted or c.analysis).estimate
+        if est is None:
+            out.append(f"confirm trial {c.source_trial} {fmt_params(c.params)}: {c.analysis.verdict}")
+            continue
+        out.append(f"confirm trial {c.source_trial} {fmt_params(c.params)}: ratio {est.ratio:.3f} "
+                   f"[{est.ci_low:.3f}, {est.ci_high:.3f}] (interval adjusted for {len(result.confirmations)} "
+                   f"confirmed), {'CHEAPER, Holm-significant' if c.significant else c.analysis.verdict}")
+    if result.winner is not None:
+        est = (result.winner.adjusted or result.winner.analysis).estimate
+        cand = [cost for _, cost in result.winner.analysis.costs("candidate")]
+        out.append(f"cheapest feasible (max {max_preemptions} preemptions): {fmt_params(result.winner.params)}: "
+                   f"{100 * (est.ratio - 1):+.1f}% cost vs baseline (CI {100 * (est.ci_low - 1):+.1f}% to "
+                   f"{100 * (est.ci_high - 1):+.1f}%), ${min(cand):.4f}-${max(cand):.4f}/M output tokens in "
+                   "confirmation")
+    else:
+        out.append("no candidate was confirmed cheaper than the baseline")
+    return out
+
+
+def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:
+    text = ["# Sweep report", "", "```", *lines(result, price, max_preemptions), "```", ""]
+    if plots:
+        text += plot(out, result.study)
+    path = out / "report.md"
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
+def plot(out: Path, study: optuna.Study) -> list[str]:
+    """Cost ratio against each swept flag with interval bars (preempting points marked), and the history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.user_attrs.get("ci")]
+    if not done:
+        return []
+    md = []
+    for flag in sorted({k for t in done for k in t.params}):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for ok, colour, label in ((True, "tab:green", "no preemption"), (False, "tab:red", "preempted")):
+            pts = [t for t in done if (t.user_attrs["preemptions"] == 0) == ok and flag in t.params]
+            if not pts:
+                continue
+            xs = [t.params[flag] for t in pts]
+            xs = [str(x) for x in xs] if any(isinstance(x, str | bool) for x in xs) else xs
+            ys = [t.value for t in pts]
+            err = [[t.value - t.user_attrs["ci"][0] for t in pts], [t.user_attrs["ci"][1] - t.value for t in pts]]
+            ax.errorbar(xs, ys, yerr=err, fmt="o", color=colour, label=label, capsize=3)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlabel(flag)
+        ax.set_ylabel("cost ratio vs baseline (95% CI)")
+        ax.legend()
+        fig.tight_layout()
+        name = f"cost_vs_{flag}.png"
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        md.append(f"![cost vs {flag}]({name})")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([t.number for t in done], [t.value for t in done], "o", label="trial")
+    best, running = [], float("inf")
+    for t in done:
+        if feasible(t):
+            running = min(running, t.value)
+        best.append(running)
+    ax.step([t.number for t in done], best, where="post", label="best feasible so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("cost ratio vs baseline")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "history.png", dpi=100)
+    plt.close(fig)
+    return [*md, "![optimisation history](history.png)"]
