@@ -198,9 +198,7 @@ class Sweep:
     def budget_left(self) -> str | None:
         """Why the search must stop now, or None."""
         s = self.settings
-        finished = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()
-                    and not t.user_attrs.get("interrupted")]
-        if len(finished) >= s.n_trials:
+        if self.measured_trials() >= s.n_trials:
             return f"{s.n_trials} trials done"
         if s.timeout_s is not None and time.monotonic() - self.began >= s.timeout_s:
             return f"wall-time budget of {s.timeout_s:g}s spent"
@@ -210,17 +208,24 @@ class Sweep:
                 return f"dollar budget spent (${spent:.4f} of ${s.budget_usd:g} at the assumed price)"
         return None
 
+    def measured_trials(self) -> int:
+        """Finished trials that measured something: repeats of measured flags and interrupted ones don't count."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()
+                   and not t.user_attrs.get("interrupted") and "duplicate_of" not in t.user_attrs)
+
     def search(self) -> None:
         self.close_interrupted()
         in_flight = 0
+        asks_left = 5 * self.settings.n_trials + 20  # a sampler that only repeats itself must still end
 
         def start(slot: int) -> Comparison | None:
             nonlocal in_flight
+            nonlocal asks_left
             while True:
-                finished = sum(1 for t in self.study.get_trials(deepcopy=False)
-                               if t.state.is_finished() and not t.user_attrs.get("interrupted"))
-                if finished + in_flight >= self.settings.n_trials or self.budget_left():
+                if self.measured_trials() + in_flight >= self.settings.n_trials or self.budget_left() \
+                        or asks_left <= 0:
                     return None
+                asks_left -= 1
                 trial = self.study.ask(self.distributions)
                 twin = self._twin(trial.params)
                 if twin is not None:  # the same flags were measured already: reuse, don't re-measure

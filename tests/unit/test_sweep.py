@@ -144,7 +144,8 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     slots = Counter((r["comparison"], r["position"]) for r in after)
     assert max(slots.values()) == 1, "a replicate was measured twice"
     study = optuna.load_study(study_name="k", storage=f"sqlite:///{tmp_path / 'k' / 'study.db'}")
-    done = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("interrupted")]
+    done = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("interrupted")
+            and "duplicate_of" not in t.user_attrs]
     assert len(done) == 5 and all(t.state == optuna.trial.TrialState.COMPLETE for t in done)
     searched = {r["comparison"] for r in after if r["stage"] == "search"}
     assert all(Counter(r["comparison"] for r in after)[c] == 4 for c in searched)  # every trial complete

@@ -24,7 +24,7 @@ CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",  # our own one-line results are the output; vLLM's INFO lines drown them
+    "VLLM_LOGGING_LEVEL": "ERROR",  # our results are the output; set VLLM_LOGGING_LEVEL=INFO to see vLLM
 }
 
 
