@@ -6,8 +6,8 @@ import optuna
 import pytest
 from rich.console import Console
 
-from throttle_sweep.commands import sweep as sweep_cmd
 from tests.helpers import compose_cfg
+from throttle_sweep.commands import sweep as sweep_cmd
 
 pytestmark = pytest.mark.integration
 
