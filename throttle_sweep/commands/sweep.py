@@ -113,11 +113,11 @@ def run(cfg: DictConfig, console: Console) -> int:
     pool, closer = make_pool(cfg, engine, spec, price, run_id=name)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True,
                                 sampler=make_sampler(cfg, distributions, parallel=pool.size > 1))
+    previous = sum(1 for t in study.trials if t.state.is_finished())
     if cfg.study.sampler == "grid":
         enqueue_grid(study, distributions, seed=cfg.study.seed)
     study.set_user_attr("space", plain(cfg.space))
     study.set_user_attr("baseline", baseline)
-    previous = len(study.trials)
     console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
                   f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
                   f"baseline {baseline}; study {storage}")
