@@ -11,6 +11,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from throttle_sweep.engines.fake import FakeKnobs
+
 
 @dataclass
 class WorkloadConf:
@@ -63,21 +65,6 @@ class StudyConf:
 
 
 @dataclass
-class FakeConf:
-    step_overhead_s: float = 0.004
-    per_seq_s: float = 0.0004
-    per_prefill_token_s: float = 0.00003
-    kv_bytes_per_token: int = 1024
-    start_s: float = 1.5
-    noise_sd: float = 0.0
-    drift_per_start: float = 0.0
-    crash_after_steps: int | None = None
-    fail_start_when: dict[str, int] = field(default_factory=dict)
-    realtime: bool = False
-    seed: int = 0
-
-
-@dataclass
 class RayConf:
     enabled: bool = False  # run trials on Ray slots (one engine per slot)
     address: str | None = None  # null: start a private local Ray; "auto" or an address: join that cluster
@@ -103,7 +90,7 @@ class Config:
     compare: CompareConf = field(default_factory=CompareConf)
     study: StudyConf = field(default_factory=StudyConf)
     space: dict[str, Any] | None = None
-    fake: FakeConf = field(default_factory=FakeConf)
+    fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
     ray: RayConf = field(default_factory=RayConf)
     plots: bool = True
 
