@@ -2,9 +2,35 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 # vLLM's CPU build in this process (see scripts/setup); set before anything imports vllm.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def _ray_and_engine_processes() -> set[tuple[int, float]]:
+    import psutil
+
+    found = set()
+    for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if cmd.startswith("ray::") or any(k in cmd for k in ("raylet", "gcs_server", "ray/dashboard", "ray/_private")):
+            found.add((p.info["pid"], p.info["create_time"]))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """After the suite, every Ray or engine process the tests started must have ended."""
+    import time
+
+    before = _ray_and_engine_processes()
+    yield
+    deadline = time.monotonic() + 90
+    while (left := _ray_and_engine_processes() - before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"processes left running after the test suite: {sorted(pid for pid, _ in left)}"

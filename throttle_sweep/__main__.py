@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> None:
     try:
         code = dispatch(cfg, console)
     except ThrottleSweepError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(2)
     sys.exit(code)
 

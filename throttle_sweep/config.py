@@ -73,6 +73,7 @@ class RayConf:
     max_slots: int = 8
     gpus_per_slot: float | None = None  # null: tensor_parallel_size on GPU clusters, 0 on CPU
     cpus_per_slot: float = 1.0
+    start_timeout_s: float = 300.0  # every slot's actor must be placed within this, or the sweep stops early
 
 
 @dataclass

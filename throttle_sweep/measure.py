@@ -56,20 +56,11 @@ def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str
     }
 
 
-def measure_replicate(
-    engine: Engine,
-    flags: Mapping[str, Any],
-    spec: WorkloadSpec,
-    price: Price,
-    *,
-    run_id: str,
-    arm: str,
-    position: int,
-    environment: Mapping[str, Any] | None = None,
-    context: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Measure once. The returned record has status 'ok', or 'failed' with the engine's reason."""
-    record: dict[str, Any] = {
+def record_header(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price, *, run_id: str,
+                  arm: str, position: int, environment: Mapping[str, Any] | None = None,
+                  context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What every record says before anything is measured: which arm, flags, work and price."""
+    return {
         "schema_version": SCHEMA_VERSION,
         "record_id": uuid.uuid4().hex,
         "run_id": run_id,
@@ -86,6 +77,28 @@ def measure_replicate(
         "started_at": _now_iso(),
         **dict(context or {}),
     }
+
+
+def failed_record(header: dict[str, Any], reason: str, **extra: Any) -> dict[str, Any]:
+    """A replicate that produced no measurement (the slot lost it); kept so nothing disappears silently."""
+    return {**header, "status": "failed", "reason": reason, "ended_at": _now_iso(), **extra}
+
+
+def measure_replicate(
+    engine: Engine,
+    flags: Mapping[str, Any],
+    spec: WorkloadSpec,
+    price: Price,
+    *,
+    run_id: str,
+    arm: str,
+    position: int,
+    environment: Mapping[str, Any] | None = None,
+    context: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Measure once. The returned record has status 'ok', or 'failed' with the engine's reason."""
+    record = record_header(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
+                           environment=environment, context=context)
     session = None
     try:
         session = engine.start(flags)

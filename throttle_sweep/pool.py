@@ -20,6 +20,7 @@ class Job:
 
 class Pool(Protocol):
     size: int
+    slots: list[int]  # the slots alive now (a Ray slot whose node died can be retired)
 
     def submit(self, job: Job) -> None: ...
     def wait(self) -> list[tuple[Job, dict[str, Any]]]: ...  # at least one finished job, with its record
@@ -33,6 +34,7 @@ class LocalPool:
     """One slot, in this process: `wait` measures the job that was submitted."""
 
     size = 1
+    slots = [0]  # noqa: RUF012 - one fixed slot
 
     def __init__(self, measure: MeasureFn) -> None:
         self._measure = measure

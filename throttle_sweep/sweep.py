@@ -19,9 +19,14 @@ from optuna.trial import TrialState
 
 from throttle_sweep.analysis import Analysis, analyse
 from throttle_sweep.compare import comparison_id, measured_positions
+from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
 from throttle_sweep.stats import CHEAPER, Thresholds, holm
+
+
+class NoSlotsLeft(ThrottleSweepError):
+    """Every engine slot was lost; the sweep stops with everything measured kept."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class SweepSettings:
     confirm_replicates: int = 3
     token_tolerance: float = 0.0
     thresholds: Thresholds = field(default_factory=Thresholds)
+    multi_objective: bool = False  # minimise cost ratio and p95 end-to-end latency; report the Pareto front
 
 
 @dataclass
@@ -78,6 +84,7 @@ class SweepResult:
     confirmations: list[Confirmation]
     winner: Confirmation | None
     records: list[dict[str, Any]]
+    pareto: list[optuna.trial.FrozenTrial] = field(default_factory=list)  # multi-objective only
 
 
 def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:
@@ -92,6 +99,7 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> tuple[dict[str
     ttft = max((r["latency_s"]["ttft"]["p95"] or 0) for r in cand if "latency_s" in r) if cand else 0
     itl = max((r["latency_s"]["itl"]["p95"] or 0) for r in cand if "latency_s" in r) if cand else 0
     costs = [r["usd_per_mtok"] for r in cand]
+    e2e = [r["latency_s"]["e2e"]["p95"] for r in cand if "latency_s" in r and r["latency_s"]["e2e"]["p95"]]
     attrs = {
         "verdict": analysis.verdict,
         "ratio": est.ratio if est else None,
@@ -102,8 +110,10 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> tuple[dict[str
                                     if r["arm"] == BASELINE and r.get("status") == "ok"),
         "p95_ttft_s": ttft,
         "p95_itl_s": itl,
+        "p95_e2e_s": sum(e2e) / len(e2e) if e2e else None,  # the candidate's, mean over its replicates
         "usd_per_mtok": math.exp(sum(map(math.log, costs)) / len(costs)) if costs else None,
         "record_ids": [r.get("record_id") for r in analysis.records],
+        "ran_on": sorted({where(r) for r in analysis.records}),
         "notes": analysis.notes,
     }
     constraints = [float(preempt - settings.max_preemptions)]
@@ -113,6 +123,28 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> tuple[dict[str
         constraints.append(itl - settings.max_p95_itl_s)
     attrs["constraints"] = constraints
     return attrs, constraints
+
+
+def where(record: Mapping[str, Any]) -> str:
+    """The slot, node and GPUs a replicate ran on, e.g. 'ray-2@10.0.0.5/gpu1' or 'local-0'."""
+    placement = record.get("placement") or {}
+    text = str(record.get("slot", "?"))
+    if placement.get("node_ip"):
+        text += f"@{placement['node_ip']}"
+    if placement.get("gpu_ids"):
+        text += "/gpu" + ",".join(placement["gpu_ids"])
+    return text
+
+
+def retry_key(key: str) -> str:
+    """A fresh key for a comparison restarted from scratch on another slot: 'trial-4' -> 'trial-4~1'."""
+    base, _, n = key.partition("~")
+    return f"{base}~{int(n or 0) + 1}"
+
+
+def cost(trial: optuna.trial.FrozenTrial) -> float:
+    """A trial's first objective: the candidate/baseline cost ratio (p95 latency is the second, if any)."""
+    return trial.values[0]
 
 
 def feasible(trial: optuna.trial.FrozenTrial) -> bool:
@@ -147,14 +179,18 @@ class Sweep:
         done = measured_positions(self.records, cid)
         return Comparison(key, stage, arms, order, cid, slot, records=done)
 
-    def run_comparisons(self, start: Callable[[int], Comparison | None],
-                        finish: Callable[[Comparison], None]) -> None:
+    def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
+                        restart: Callable[[Comparison], None]) -> None:
         """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones.
-        A comparison's replicates all run on its slot, one after another."""
+        A comparison's replicates all run on its slot, one after another. When a slot is lost under a
+        comparison (its node died), `restart` puts that work back to begin afresh on another slot."""
         running: dict[int, Comparison] = {}
         exhausted = False
         while True:
-            for slot in range(self.pool.size):
+            if not self.pool.slots:
+                raise NoSlotsLeft("every engine slot was lost (their nodes died); the records and the study "
+                                  "keep everything measured: run the same command again to resume")
+            for slot in self.pool.slots:
                 while slot not in running and not exhausted:
                     comp = start(slot)
                     if comp is None:
@@ -163,26 +199,38 @@ class Sweep:
                         finish(comp)  # everything was measured before an interruption
                     else:
                         running[slot] = comp
-                        self._submit(comp)
+                        self._submit(comp, running)
             if not running:
                 return
             for job, record in self.pool.wait():
                 comp = running[job.slot]
                 self.write(record)
+                if record.get("infrastructure"):
+                    del running[job.slot]
+                    self.say(f"{comp.stage} {comp.key}: slot {job.slot} lost ({record.get('reason')}); "
+                             "this comparison starts again on another slot")
+                    restart(comp)
+                    exhausted = False
+                    continue
                 comp.records[job.position] = record
                 if comp.failed() or comp.next_position() is None:
                     del running[job.slot]
                     finish(comp)
                 else:
-                    self._submit(comp)
+                    self._submit(comp, running)
 
-    def _submit(self, comp: Comparison) -> None:
+    def _submit(self, comp: Comparison, running: Mapping[int, Comparison]) -> None:
         position = comp.next_position()
         arm = comp.order[position]
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
                    "trial": comp.trial.number if comp.trial else comp.source_trial}
-        self.say(f"{comp.stage} {comp.key}: {arm} replicate at position {position + 1}/{len(comp.order)} "
-                 f"on slot {comp.slot}")
+        message = (f"{comp.stage} {comp.key}: {arm} replicate at position {position + 1}/{len(comp.order)} "
+                   f"on slot {comp.slot}")
+        if len(self.pool.slots) > 1:  # what every slot is doing now
+            busy = {s: f"{c.key} {c.order[p]} {p + 1}/{len(c.order)}" for s, c in running.items()
+                    if (p := c.next_position()) is not None}
+            message += "  | " + "  ".join(f"[{s}] {busy.get(s, 'idle')}" for s in self.pool.slots)
+        self.say(message)
         self.pool.submit(Job(comp.slot, comp.arms[arm], arm, position, context))
 
     # ---- search -----------------------------------------------------------------------------------------
@@ -190,7 +238,7 @@ class Sweep:
         """Trials a killed run left RUNNING: closed as failed, then asked again with the same key."""
         stale = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
         for t in stale:
-            self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)  # noqa: SLF001 - no public way
             self.study.tell(t.number, state=TrialState.FAIL)
             self.study.enqueue_trial(t.params, user_attrs={"resume_key": resume_key(t)}, skip_if_exists=False)
         return len(stale)
@@ -234,7 +282,7 @@ class Sweep:
                             trial.set_user_attr(key, value)
                     trial.set_user_attr("duplicate_of", twin.number)
                     if twin.state == TrialState.COMPLETE:
-                        self.study.tell(trial, twin.value)
+                        self.study.tell(trial, twin.values)
                     else:
                         self.study.tell(trial, state=TrialState.FAIL)
                     continue
@@ -263,14 +311,25 @@ class Sweep:
                 trial.set_user_attr("reason", "; ".join(analysis.notes))
                 self.study.tell(trial, state=TrialState.FAIL)
                 return
-            self.study.tell(trial, analysis.estimate.ratio)
+            if self.settings.multi_objective:
+                self.study.tell(trial, [analysis.estimate.ratio, attrs["p95_e2e_s"]])
+            else:
+                self.study.tell(trial, analysis.estimate.ratio)
             flag = "feasible" if attrs["constraints"][0] <= 0 else f"INFEASIBLE ({attrs['preemptions']} preemptions)"
             best = self.best()
             self.say(f"trial {trial.number} {trial.params}: ratio {attrs['ratio']:.3f} "
                      f"[{attrs['ci'][0]:.3f}, {attrs['ci'][1]:.3f}] {analysis.verdict}, {flag}; best so far: "
                      f"{best.params if best else None}")
 
-        self.run_comparisons(start, finish)
+        def restart(comp: Comparison) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            comp.trial.set_user_attr("interrupted", True)  # its slot was lost: not the candidate's doing
+            self.study.tell(comp.trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(comp.trial.params, user_attrs={"resume_key": retry_key(comp.key)},
+                                     skip_if_exists=False)
+
+        self.run_comparisons(start, finish, restart)
 
     def _twin(self, params: Mapping[str, Any]) -> optuna.trial.FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False):
@@ -286,30 +345,43 @@ class Sweep:
     def ranked(self, k: int) -> list[optuna.trial.FrozenTrial]:
         """The k feasible trials with the lowest ratio (distinct flags), never an infeasible or failed one."""
         seen, ranked = set(), []
-        for t in sorted((t for t in self.study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: t.value):
+        for t in sorted((t for t in self.study.get_trials(deepcopy=False) if feasible(t)), key=cost):
             key = tuple(sorted(t.params.items()))
             if key not in seen:
                 seen.add(key)
                 ranked.append(t)
         return ranked[:k]
 
+    def pareto(self) -> list[optuna.trial.FrozenTrial]:
+        """Feasible trials no other feasible trial beats on both cost and p95 latency, cheapest first."""
+        points = self.ranked(len(self.study.trials))
+        front = [t for t in points if not any(o.values[0] <= t.values[0] and o.values[1] <= t.values[1]
+                                              and o.values != t.values for o in points)]
+        return sorted(front, key=cost)
+
     # ---- confirmation -----------------------------------------------------------------------------------
     def confirm(self) -> list[Confirmation]:
         """Fresh interleaved replicates for the best few, Holm-corrected across them."""
-        todo = self.ranked(self.settings.confirm_top)
+        # multi-objective: the cheapest points of the Pareto front (the others trade cost for latency)
+        todo = (self.pareto() if self.settings.multi_objective else self.ranked(self.settings.confirm_top)
+                )[: self.settings.confirm_top]
         family = max(1, len(todo))
         adjusted = Thresholds(self.settings.thresholds.alpha / family, self.settings.thresholds.min_effect,
                               self.settings.thresholds.equivalence_margin)
         results: list[Confirmation] = []
 
+        queue = [(t, f"confirm-{resume_key(t)}") for t in todo]
+
         def start(slot: int) -> Comparison | None:
-            if not todo:
+            if not queue:
                 return None
-            t = todo.pop(0)
-            comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params, self.settings.confirm_replicates,
-                                   slot)
+            t, key = queue.pop(0)
+            comp = self.comparison(key, "confirm", t.params, self.settings.confirm_replicates, slot)
             comp.source_trial = t.number
             return comp
+
+        def restart(comp: Comparison) -> None:
+            queue.insert(0, (self.study.trials[comp.source_trial], retry_key(comp.key)))
 
         def finish(comp: Comparison) -> None:
             analysis = analyse(list(comp.records.values()), self.settings.thresholds,
@@ -319,7 +391,7 @@ class Sweep:
             quoted = analyse(list(comp.records.values()), adjusted, token_tolerance=self.settings.token_tolerance)
             results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted))
 
-        self.run_comparisons(start, finish)
+        self.run_comparisons(start, finish, restart)
         results.sort(key=lambda c: c.source_trial)
         ok = [c for c in results if c.analysis.estimate is not None]
         alpha = self.settings.thresholds.alpha / 2  # CHEAPER is one-sided at alpha/2
@@ -335,4 +407,5 @@ class Sweep:
         confirmations = self.confirm()
         significant = [c for c in confirmations if c.significant]
         winner = min(significant, key=lambda c: c.analysis.estimate.ratio) if significant else None
-        return SweepResult(self.study, confirmations, winner, self.records)
+        return SweepResult(self.study, confirmations, winner, self.records,
+                           pareto=self.pareto() if self.settings.multi_objective else [])

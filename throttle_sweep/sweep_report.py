@@ -10,14 +10,14 @@ import optuna
 from optuna.trial import TrialState
 
 from throttle_sweep.cost import Price
-from throttle_sweep.sweep import SweepResult, feasible
+from throttle_sweep.sweep import SweepResult, cost, feasible
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("interrupted"):
-            continue
+        if t.user_attrs.get("interrupted") or t.state == TrialState.WAITING:
+            continue  # closed by an interruption and asked again, or enqueued but never reached
         a = t.user_attrs
         status = "ok" if t.state == TrialState.COMPLETE else t.state.name.lower()
         rows.append({"trial": t.number, "params": t.params, "usd_per_mtok": a.get("usd_per_mtok"),
@@ -56,29 +56,34 @@ def fmt_params(params: Mapping[str, Any]) -> str:
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [95% CI]':<22} {'verdict':<13} {'preempt':>7}  status"]
     for r in trial_rows(result.study):
-        cost = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
+        usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
         ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
         if r["duplicate_of"] is not None:
             status += f" (same flags as trial {r['duplicate_of']})"
         if r["reason"]:
             status += f": {r['reason'][:80]}"
-        out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {cost:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
+        out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
                    f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {status}")
     out.append(f"($ per million output tokens, {price.label()}; ratio = candidate/baseline, drift-aware)")
     out.extend(boundary(result.study))
+    if result.pareto:
+        out.append("Pareto front of feasible trials (cost ratio vs the candidate's p95 end-to-end latency):")
+        out += [f"  trial {t.number:>3} {fmt_params(t.params):<40} ratio {cost(t):.3f} "
+                f"[{t.user_attrs['ci'][0]:.3f}, {t.user_attrs['ci'][1]:.3f}]  p95 E2E {t.values[1]:.3f} s"
+                for t in result.pareto]
     infeasible = [t for t in result.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
                   and not feasible(t)]
     if infeasible:
-        cheapest = min(infeasible, key=lambda t: t.value)
-        best = min((t for t in result.study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: t.value,
+        cheapest = min(infeasible, key=cost)
+        best = min((t for t in result.study.get_trials(deepcopy=False) if feasible(t)), key=cost,
                    default=None)
         note = ""
-        if best is not None and cheapest.value < best.value:
+        if best is not None and cost(cheapest) < cost(best):
             note = (" - cheaper than the best feasible point: recomputation is cheap on this engine, but "
                     "preemption costs tail latency, so it stays excluded")
         out.append(f"for information, cheapest with preemption allowed: {fmt_params(cheapest.params)} ratio "
-                   f"{cheapest.value:.3f} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
+                   f"{cost(cheapest):.3f} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
     for c in result.confirmations:
         est = (c.adjusted or c.analysis).estimate
         if est is None:
@@ -127,8 +132,8 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
                 continue
             xs = [t.params[flag] for t in pts]
             xs = [str(x) for x in xs] if any(isinstance(x, str | bool) for x in xs) else xs
-            ys = [t.value for t in pts]
-            err = [[t.value - t.user_attrs["ci"][0] for t in pts], [t.user_attrs["ci"][1] - t.value for t in pts]]
+            ys = [cost(t) for t in pts]
+            err = [[cost(t) - t.user_attrs["ci"][0] for t in pts], [t.user_attrs["ci"][1] - cost(t) for t in pts]]
             ax.errorbar(xs, ys, yerr=err, fmt="o", color=colour, label=label, capsize=3)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel(flag)
@@ -140,11 +145,11 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
         plt.close(fig)
         md.append(f"![cost vs {flag}]({name})")
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([t.number for t in done], [t.value for t in done], "o", label="trial")
+    ax.plot([t.number for t in done], [cost(t) for t in done], "o", label="trial")
     best, running = [], float("inf")
     for t in done:
         if feasible(t):
-            running = min(running, t.value)
+            running = min(running, cost(t))
         best.append(running)
     ax.step([t.number for t in done], best, where="post", label="best feasible so far")
     ax.set_xlabel("trial")

@@ -166,3 +166,48 @@ def test_every_shipped_config_composes_and_passes_its_checks(overrides):
     workload_from(cfg).check(max_model_len=cfg.engine.max_model_len)
     if cfg.space is not None:
         assert build_space(plain(cfg.space), FAKE_FLAG_SCHEMA, source="space")
+
+
+def pareto_of(points):
+    """Sweep.pareto on a study holding exactly these (ratio, p95 latency, feasible) trials."""
+    from optuna.distributions import IntDistribution
+    from optuna.trial import create_trial
+
+    from throttle_sweep.pool import LocalPool
+    from throttle_sweep.sweep import Sweep, SweepSettings
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    for i, (ratio, latency, ok) in enumerate(points):
+        study.add_trial(create_trial(params={"max_num_seqs": i + 1}, distributions={"max_num_seqs":
+                                     IntDistribution(1, 64)}, values=[ratio, latency],
+                                     user_attrs={"constraints": [0.0 if ok else 3.0]}))
+    sweep = Sweep(study=study, distributions={}, base_flags={}, baseline_flags={}, workload_key={},
+                  pool=LocalPool(lambda *a: {}), write=lambda r: None, existing=[],
+                  settings=SweepSettings(multi_objective=True))
+    return [t.params["max_num_seqs"] - 1 for t in sweep.pareto()]
+
+
+def test_pareto_front_keeps_trade_offs_drops_dominated_and_infeasible_points():
+    points = [(0.50, 1.0, True),  # 0: cheapest feasible
+              (0.60, 0.5, True),  # 1: dearer but faster: a trade-off, on the front
+              (0.70, 0.6, True),  # 2: dominated by 1
+              (0.40, 0.4, False),  # 3: beats everything but preempts: never on the front
+              (0.90, 0.2, True)]  # 4: fastest
+    assert pareto_of(points) == [0, 1, 4]
+
+
+def test_multi_objective_sweep_reports_a_front_and_refuses_a_single_objective_resume(tmp_path):
+    from optuna.trial import TrialState
+
+    study = sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", "compare.replicates=2",
+                  "study.confirm_replicates=2", "study.multi_objective=true", name="mo")
+    assert len(study.directions) == 2
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs["constraints"][0] <= 0]
+    report = (tmp_path / "mo" / "report.md").read_text()
+    assert "Pareto front of feasible trials" in report
+    cheapest = min(done, key=lambda t: t.values[0])
+    assert f"trial {cheapest.number:>3} max_num_seqs={cheapest.params['max_num_seqs']}" in report
+    won = next(t for t in done if t.params == study.user_attrs["winner"]["params"])
+    assert won.values[0] == pytest.approx(cheapest.values[0])  # the cheapest point of the front (or its tie)
+    with pytest.raises(ConfigError, match="has 2 objective"):
+        sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", name="mo")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -20,7 +24,7 @@ from throttle_sweep.progress import Progress
 from throttle_sweep.records import append_record, read_records
 from throttle_sweep.settings import arm_flags, engine_from, plain, preflight, price_from, workload_from
 from throttle_sweep.space import build_space, grid
-from throttle_sweep.sweep import Sweep, SweepSettings, resume_key
+from throttle_sweep.sweep import NoSlotsLeft, Sweep, SweepSettings, resume_key
 from throttle_sweep.sweep_report import lines, write_report
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
@@ -32,6 +36,17 @@ def space_name() -> str:
     if HydraConfig.initialized():
         return HydraConfig.get().runtime.choices.get("space") or "custom"
     return "custom"
+
+
+def space_file(name: str) -> str:
+    """Where `space/NAME.yaml` was found: ours in conf/, or the user's own (hydra.searchpath)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.schema == "file" and (Path(source.path) / "space" / f"{name}.yaml").exists():
+                return str(Path(source.path) / "space" / f"{name}.yaml")
+    return f"conf/space/{name}.yaml"
 
 
 def study_location(cfg: DictConfig) -> tuple[str, Path, str]:
@@ -74,15 +89,13 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
     for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_itl_s"):
         if s[key] is not None and s[key] <= 0:
             raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
-    if s.multi_objective:
-        raise ConfigError("study.multi_objective is not implemented yet; use max_p95_ttft_s / max_p95_itl_s limits")
     return SweepSettings(
         n_trials=s.n_trials, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
         usd_per_engine_hour=cfg.cost.usd_per_gpu_hour * cfg.cost.gpus, max_preemptions=s.max_preemptions,
         max_p95_ttft_s=s.max_p95_ttft_s, max_p95_itl_s=s.max_p95_itl_s, schedule=cfg.compare.schedule,
         replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
-        thresholds=thresholds_from(cfg))
+        thresholds=thresholds_from(cfg), multi_objective=s.multi_objective)
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -91,7 +104,7 @@ def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
     settings = settings_from(cfg)
     name, out, storage = study_location(cfg)
-    source = f"space '{space_name()}' (conf/space/{space_name()}.yaml)"
+    source = f"space '{space_name()}' ({space_file(space_name())})"
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
     base = arm_flags(plain(cfg.engine))
     baseline = arm_flags(base, plain(cfg.baseline))
@@ -104,40 +117,32 @@ def run(cfg: DictConfig, console: Console) -> int:
         if spec.concurrency < top:
             console.print(f"[yellow]note:[/] workload.concurrency={spec.concurrency} keeps fewer requests in flight "
                           f"than max_num_seqs can reach ({top}); values above {spec.concurrency} cannot differ")
-    make_sampler(cfg, distributions, parallel=False)  # a bad sampler name fails here, before any engine
     out.mkdir(parents=True, exist_ok=True)
+    study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
     OmegaConf.save(cfg, out / "config.yaml")
     path = out / "replicates.jsonl"
     existing = read_records(path) if path.exists() else []
 
-    pool, closer = make_pool(cfg, engine, spec, price, run_id=name)
-    study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True,
-                                sampler=make_sampler(cfg, distributions, parallel=pool.size > 1))
-    previous = sum(1 for t in study.trials if t.state.is_finished())
-    if cfg.study.sampler == "grid":
-        enqueue_grid(study, distributions, seed=cfg.study.seed)
-    study.set_user_attr("space", plain(cfg.space))
-    study.set_user_attr("baseline", baseline)
-    console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
-                  f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
-                  f"baseline {baseline}; study {storage}")
-    if previous:
-        console.print(f"resuming: {previous} trials and {len(existing)} replicates already in the study")
-    total = settings.n_trials * 2 * settings.replicates + settings.confirm_top * 2 * settings.confirm_replicates
-    progress = Progress(console, total)
-    sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
-                  workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
-                  write=partial(append_record, path), existing=existing, settings=settings,
-                  on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else
-                  console.print(msg, highlight=False))
+    with stop_on_sigterm():
+        pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out,
+                                 say=lambda msg: console.print(msg, highlight=False))
     try:
-        result = sweep.run()
-    except KeyboardInterrupt:
-        console.print(f"[bold yellow]interrupted[/]: every finished replicate is in {path}; run the same command "
-                      "again to resume")
-        raise
+        with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
+            sweep = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
+                               base=base, baseline=baseline, spec=spec, pool=pool, path=path, existing=existing,
+                               settings=settings)
+            try:
+                result = sweep.run()
+            except (KeyboardInterrupt, NoSlotsLeft) as exc:
+                sweep.close_interrupted()  # trials in flight: closed now, asked again with the same key on resume
+                why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
+                console.print(f"[bold yellow]{why}[/]: {len(sweep.records) - len(existing)} replicates measured in "
+                              f"this run, every one in {path}; the study is consistent. Run the same command again "
+                              "to resume.", highlight=False)
+                return 130 if isinstance(exc, KeyboardInterrupt) else 3
     finally:
         closer()
+    study = sweep.study
     for line in lines(result, price, settings.max_preemptions):
         console.print(line, highlight=False)
     report = write_report(out, result, price, settings.max_preemptions, plots=cfg.plots)
@@ -150,6 +155,46 @@ def run(cfg: DictConfig, console: Console) -> int:
         paths = export_winner(cfg, engine, study, out)
         console.print(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
     return 0
+
+
+def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],
+               settings: SweepSettings) -> optuna.Study:
+    """Create the study, or load it to resume; refused if its objectives differ from this run's."""
+    directions = ["minimize", "minimize"] if settings.multi_objective else ["minimize"]
+    try:
+        study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True,
+                                    sampler=make_sampler(cfg, distributions, parallel=False))
+    except ValueError as exc:
+        raise ConfigError(f"study {name!r} in {storage} cannot be opened: {exc}") from exc
+    if len(study.directions) != len(directions):
+        raise ConfigError(f"study {name!r} in {storage} has {len(study.directions)} objective(s), but "
+                          f"study.multi_objective={settings.multi_objective} needs {len(directions)}; "
+                          "choose another study.name")
+    return study
+
+
+def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: str, storage: str,
+               distributions: dict[str, Any], base: dict[str, Any], baseline: dict[str, Any], spec: Any,
+               pool: Any, path: Path, existing: list[dict[str, Any]], settings: SweepSettings) -> Sweep:
+    """The driver around the study, with live progress; the sampler knows how many slots run at once."""
+    study.sampler = make_sampler(cfg, distributions, parallel=pool.size > 1)  # constant liar with >1 slot
+    previous = sum(1 for t in study.trials if t.state.is_finished())
+    if cfg.study.sampler == "grid":
+        enqueue_grid(study, distributions, seed=cfg.study.seed)
+    study.set_user_attr("space", plain(cfg.space))
+    study.set_user_attr("baseline", baseline)
+    console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
+                  f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
+                  f"baseline {baseline}; study {storage}")
+    if previous:
+        console.print(f"resuming: {previous} trials and {len(existing)} replicates already in the study")
+    total = settings.n_trials * 2 * settings.replicates + settings.confirm_top * 2 * settings.confirm_replicates
+    progress = Progress(console, total)
+    return Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
+                 workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
+                 write=partial(append_record, path), existing=existing, settings=settings,
+                 on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else
+                 console.print(msg, highlight=False))
 
 
 def enqueue_grid(study: optuna.Study, distributions: dict[str, Any], *, seed: int) -> None:
@@ -174,12 +219,26 @@ def _extremes(dist: Any) -> list[Any]:
     return [dist.low, dist.high]
 
 
-def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str):
+@contextmanager
+def stop_on_sigterm():
+    """SIGTERM (a scheduler, `kill`, `ray job stop`) stops the sweep the way Ctrl-C does: cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str, out: Path,
+              say: Callable[[str], None]):
     """One local slot, or Ray actors (cluster.py) when ray.enabled."""
     if cfg.ray.enabled:
         from throttle_sweep.cluster import make_ray_pool
 
-        return make_ray_pool(cfg, spec, price, run_id=run_id)
+        return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say)
     environment = engine.environment()
 
     def measure(flags, arm, position, context):

@@ -51,6 +51,9 @@ class FakeKnobs:
     drift_per_start: float = 0.0  # relative slow-down added by every engine start (machine drift)
     crash_after_steps: int | None = None  # the engine dies mid-run
     fail_start_when: dict[str, int] = field(default_factory=dict)  # flag -> start fails above this value
+    # flag -> the whole process dies (os._exit) a few steps into a run above this value: a segfault stand-in,
+    # for slots that live in their own process (Ray actors, subprocesses), never in a test's own process
+    exit_when: dict[str, int] = field(default_factory=dict)
     realtime: bool = False
     seed: int = 0
 
@@ -71,6 +74,7 @@ class FakeSession:
         self.preempted = 0
         self.waiting: deque[dict] = deque()
         self.running: list[dict] = []
+        self.dies = any((flags.get(name) or 0) > limit for name, limit in knobs.exit_when.items())
 
     def add(self, request: Request) -> None:
         self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,
@@ -86,6 +90,8 @@ class FakeSession:
         if self.knobs.crash_after_steps is not None and self.steps >= self.knobs.crash_after_steps:
             raise EngineRunError(f"fake engine crashed after {self.steps} steps (crash_after_steps)")
         self.steps += 1
+        if self.dies and self.steps > 3:
+            os._exit(70)
         # Grow running sequences by one token; preempt the newest when the cache is full (vLLM's policy).
         for seq in list(self.running):
             if seq not in self.running:

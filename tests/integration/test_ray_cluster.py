@@ -1,0 +1,278 @@
+"""Sweeps on real Ray clusters on this machine: a two-node cluster from ray.cluster_utils with logical GPUs,
+a private local Ray started by the tool, and the faults a long sweep must survive."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.records import read_records
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+# A fake engine that really sleeps: every replicate takes ~0.4 s of wall time, so slots truly overlap.
+FAKE = ["backend=fake", "fake.realtime=true", "fake.start_s=0.3", "workload.num_requests=8",
+        "workload.prompt_len=16", "workload.output_len=16", "workload.concurrency=8", "workload.warmup_requests=0",
+        "engine.kv_cache_memory_bytes=131072", "+space=batching", "space.max_num_seqs.low=1",
+        "space.max_num_seqs.high=8", "space.max_num_seqs.log=false", "~space.max_num_batched_tokens",
+        "study.sampler=grid", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2", "plots=false"]
+
+
+def ray_processes() -> set[int]:
+    found = set()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if cmd.startswith("ray::") or "raylet" in cmd or "gcs_server" in cmd or "ray/dashboard" in cmd:
+            found.add(p.info["pid"])
+    return found
+
+
+@pytest.fixture
+def cluster():
+    """Two nodes with two logical GPUs each, in their own temp dir; torn down afterwards."""
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="ts-cl-", dir="/tmp")
+    os.makedirs(f"{temp}/ray")
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp  # ray_cluster_utils writes its address file under here, not /tmp/ray
+    node = {"num_cpus": 2, "num_gpus": 2}
+    c = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": f"{temp}/ray"})
+    worker = c.add_node(**node)
+    c.wait_for_nodes()
+    c.worker = worker
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        if old is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old
+
+
+def run_sweep(tmp_path, *overrides, name="r", console=None):
+    cfg = compose_cfg(*FAKE, f"study.name={name}", *overrides, tmp_path=tmp_path)
+    code = sweep_cmd.run(cfg, console or Console(quiet=True))
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
+    return code, study, read_records(tmp_path / name / "replicates.jsonl")
+
+
+def most_at_once(records) -> int:
+    """The largest number of replicates whose [started_at, ended_at] intervals overlap."""
+    events = []
+    for r in records:
+        events += [(dt.datetime.fromisoformat(r["started_at"]), 1), (dt.datetime.fromisoformat(r["ended_at"]), -1)]
+    level = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def kill_when(records_path: Path, count: int, pick, *, timeout: float = 120.0) -> threading.Thread:
+    """In the background: once `count` records exist, run `pick()` (which does the killing)."""
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if records_path.exists() and len(records_path.read_text().splitlines()) >= count and pick():
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def assert_complete_comparisons(study, records):
+    """Every completed trial's comparison has each position measured once, all ok."""
+    by_comparison = Counter(r["comparison"] for r in records if r["status"] == "ok")
+    per_position = Counter((r["comparison"], r["position"]) for r in records if r["status"] == "ok")
+    assert max(per_position.values()) == 1, "a replicate was measured twice"
+    for t in study.trials:
+        if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
+            assert by_comparison[t.user_attrs["comparison"]] == 4
+
+
+def test_two_node_cluster_runs_four_trials_at_once_and_agrees_with_one_slot(cluster, tmp_path):
+    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", name="four")
+    assert code == 0
+    assert most_at_once(records) == 4
+    places = {(r["placement"]["node_id"], tuple(r["placement"]["gpu_ids"])) for r in records}
+    assert len({node for node, _ in places}) == 2 and {gpus for _, gpus in places} == {("0",), ("1",)}
+    assert all(len(t.user_attrs["ran_on"]) == 1 for t in study.trials if t.state == TrialState.COMPLETE), \
+        "a trial's baseline and candidate replicates must share one slot"
+    code, single, _ = run_sweep(tmp_path, "study.n_trials=8", name="one")
+    assert code == 0
+    assert study.user_attrs["winner"]["params"] == single.user_attrs["winner"]["params"]
+    assert sorted(t.params["max_num_seqs"] for t in study.trials if t.state == TrialState.COMPLETE) == \
+        sorted(t.params["max_num_seqs"] for t in single.trials if t.state == TrialState.COMPLETE)
+
+
+def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluster, tmp_path):
+    victims = []
+
+    def kill_a_measuring_actor():
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if (p.info["cmdline"] or [""])[0].startswith("ray::SlotActor.measure"):
+                victims.append(p.info["pid"])
+                p.kill()
+                return True
+        return False
+
+    watcher = kill_when(tmp_path / "kill" / "replicates.jsonl", 3, kill_a_measuring_actor)
+    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", name="kill")
+    watcher.join(timeout=1)
+    assert code == 0 and len(victims) == 1
+    lost = [r for r in records if r["status"] == "failed"]
+    assert len(lost) == 1 and "process died" in lost[0]["reason"] and lost[0]["placement"]["pid"] == victims[0]
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and "process died" in failed[0].user_attrs["reason"]
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 7
+    assert any(r["slot"] == lost[0]["slot"] and r["placement"]["pid"] != victims[0] for r in records), \
+        "the slot should have gone on with a new actor"
+    assert_complete_comparisons(study, records)
+
+
+def test_a_candidate_that_kills_its_engine_process_fails_only_its_own_trial(cluster, tmp_path):
+    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", "+fake.exit_when.max_num_seqs=6", name="crash")
+    assert code == 0
+    failed = sorted(t.params["max_num_seqs"] for t in study.trials if t.state == TrialState.FAIL)
+    assert failed == [7, 8]
+    assert sorted(t.params["max_num_seqs"] for t in study.trials if t.state == TrialState.COMPLETE) == [1, 2, 3, 4, 5, 6]
+    assert study.user_attrs["winner"]["params"]["max_num_seqs"] <= 6
+    assert all(r["arm"] == "candidate" and "process died" in r["reason"] for r in records if r["status"] != "ok")
+
+
+def test_worker_node_killed_mid_sweep_loses_nothing_and_the_sweep_finishes(cluster, tmp_path):
+    worker_id = cluster.worker.node_id
+    removed = []
+
+    def remove_worker():
+        cluster.remove_node(cluster.worker)
+        removed.append(time.time())
+        return True
+
+    watcher = kill_when(tmp_path / "node" / "replicates.jsonl", 5, remove_worker)
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
+    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", name="node", console=console)
+    watcher.join(timeout=1)
+    assert code == 0 and removed
+    lost = [r for r in records if r.get("infrastructure")]
+    assert lost and all(r["placement"]["node_id"] == worker_id and "died" in r["reason"] for r in lost)
+    assert not [t for t in study.trials if t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")], \
+        "a dead node is not the candidate's fault"
+    measured = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(measured) == 8 and len({t.params["max_num_seqs"] for t in measured}) == 8
+    noticed = max(r["ended_at"] for r in lost)  # the driver has replaced or retired the lost slots by now
+    after = [r for r in records if r["started_at"] > noticed]
+    assert after and all(r["placement"]["node_id"] != worker_id for r in after)
+    assert "retired" in console.export_text()
+    assert_complete_comparisons(study, records)
+
+
+def driver(tmp_path: Path, name: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "throttle_sweep", *FAKE, f"study.name={name}", f"results_dir={tmp_path}",
+            "study.n_trials=6", "ray.enabled=true", "ray.cpu_slots=2", *extra]
+
+
+def wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the driver did not write {count} records (exit code {proc.poll()})")
+
+
+def wait_gone(pids, timeout: float) -> set[int]:
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        time.sleep(0.2)
+    return alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_driver_stopped_by_signal_stops_cleanly_and_resumes(tmp_path, sig):
+    records_path = tmp_path / "sig" / "replicates.jsonl"
+    proc = subprocess.Popen(driver(tmp_path, "sig"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    wait_for_records(records_path, 5, proc)
+    tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "Run the same command again to resume" in output
+    assert not wait_gone(tree, 60), "the driver left Ray or engine processes running"
+    study = optuna.load_study(study_name="sig", storage=f"sqlite:///{tmp_path / 'sig' / 'study.db'}")
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING], "the study was left inconsistent"
+    before = read_records(records_path)
+    subprocess.run(driver(tmp_path, "sig"), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    after = read_records(records_path)
+    assert after[: len(before)] == before
+    study = optuna.load_study(study_name="sig", storage=f"sqlite:///{tmp_path / 'sig' / 'study.db'}")
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 6
+    assert_complete_comparisons(study, after)
+
+
+def test_driver_sigkilled_leaves_no_engines_and_resumes_without_repeats(tmp_path):
+    records_path = tmp_path / "k9" / "replicates.jsonl"
+    proc = subprocess.Popen(driver(tmp_path, "k9"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_records(records_path, 5, proc)
+    tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    leftovers = json.loads((tmp_path / "k9" / "ray-local.json").read_text())
+    proc.kill()
+    proc.wait()
+    engines = {r["placement"]["pid"] for r in read_records(records_path)}
+    assert not wait_gone(engines, 30), "engine actors outlived their driver"
+    before = read_records(records_path)
+    subprocess.run(driver(tmp_path, "k9"), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    assert not wait_gone(tree | {p["pid"] for p in leftovers["processes"]}, 30), "processes of the killed run remain"
+    after = read_records(records_path)
+    assert after[: len(before)] == before
+    study = optuna.load_study(study_name="k9", storage=f"sqlite:///{tmp_path / 'k9' / 'study.db'}")
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 6
+    assert_complete_comparisons(study, after)
+    assert not (tmp_path / "k9" / "ray-local.json").exists()
+
+
+def test_real_vllm_sweep_on_two_ray_slots(tmp_path):
+    cfg = compose_cfg("+space=batching", "study.name=rv", "study.n_trials=2", "study.sampler=grid",
+                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=8", "+space.max_num_seqs.step=7",
+                      "space.max_num_seqs.log=false", "~space.max_num_batched_tokens", "compare.replicates=2",
+                      "study.confirm_top=1", "study.confirm_replicates=3", "workload.num_requests=16",
+                      "workload.output_len=32", "workload.prompt_len=32", "workload.concurrency=16",
+                      "workload.warmup_requests=2", "ray.enabled=true", "ray.cpu_slots=2", "plots=false",
+                      tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name="rv", storage=f"sqlite:///{tmp_path / 'rv' / 'study.db'}")
+    records = read_records(tmp_path / "rv" / "replicates.jsonl")
+    assert all(r["status"] == "ok" and r["environment"]["engine"] == "vllm" for r in records)
+    assert {r["slot"] for r in records} == {"ray-0", "ray-1"}
+    assert most_at_once(records) == 2
+    assert study.user_attrs["winner"]["params"] == {"max_num_seqs": 8}

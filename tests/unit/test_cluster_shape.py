@@ -1,0 +1,35 @@
+"""How many engine slots a cluster gives, and how many survive when nodes die (no Ray needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from throttle_sweep.cluster import ClusterError, SlotShape, hostable_slots, slot_shape
+
+CONF = {"slots": None, "cpu_slots": 2, "max_slots": 8, "gpus_per_slot": None, "cpus_per_slot": 1.0}
+
+
+@pytest.mark.parametrize(("resources", "tp", "conf", "count", "gpus"), [
+    ({"CPU": 2.0}, 1, {}, 2, 0.0),  # CPU-only: the configured CPU slots
+    ({"CPU": 8.0, "GPU": 4.0}, 1, {}, 4, 1.0),  # one slot per GPU
+    ({"CPU": 8.0, "GPU": 4.0}, 2, {}, 2, 2.0),  # tensor_parallel_size=2: two GPUs a slot
+    ({"CPU": 8.0, "GPU": 3.0}, 2, {}, 1, 2.0),  # a GPU left over is not a slot
+    ({"CPU": 64.0, "GPU": 16.0}, 1, {}, 8, 1.0),  # capped by max_slots
+    ({"CPU": 8.0, "GPU": 4.0}, 1, {"slots": 3}, 3, 1.0),  # asked for
+])
+def test_slot_count_follows_gpus_tensor_parallel_and_caps(resources, tp, conf, count, gpus):
+    shape = slot_shape({**CONF, **conf}, resources, tp)
+    assert (shape.count, shape.num_gpus) == (count, gpus)
+
+
+def test_no_slot_is_a_clear_error():
+    with pytest.raises(ClusterError, match="no engine slots"):
+        slot_shape({**CONF, "gpus_per_slot": 2.0}, {"CPU": 4.0, "GPU": 1.0}, 1)
+
+
+def test_dead_nodes_host_nothing():
+    shape = SlotShape(4, 1.0, 1.0, "")
+    nodes = [{"Alive": True, "Resources": {"GPU": 2.0, "CPU": 2.0}},
+             {"Alive": False, "Resources": {"GPU": 2.0, "CPU": 2.0}},
+             {"Alive": True, "Resources": {"GPU": 4.0, "CPU": 1.0}}]  # CPU-bound: one slot
+    assert hostable_slots(nodes, shape) == 3
