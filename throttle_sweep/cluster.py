@@ -154,7 +154,7 @@ class RayPool:
             job, slot = self.pending.pop(ref)
             try:
                 record = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
+            except ray.exceptions.RayError as exc:  # the actor (or its node) died under the replicate
                 record = self._lost(job, slot, exc)
             done.append((job, record))
         return done

@@ -116,12 +116,14 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> tuple[dict[str
         "ran_on": sorted({where(r) for r in analysis.records}),
         "notes": analysis.notes,
     }
-    constraints = [float(preempt - settings.max_preemptions)]
+    named = {"preemptions": float(preempt - settings.max_preemptions)}
     if settings.max_p95_ttft_s is not None:
-        constraints.append(ttft - settings.max_p95_ttft_s)
+        named["p95_ttft_s"] = ttft - settings.max_p95_ttft_s
     if settings.max_p95_itl_s is not None:
-        constraints.append(itl - settings.max_p95_itl_s)
+        named["p95_itl_s"] = itl - settings.max_p95_itl_s
+    constraints = list(named.values())
     attrs["constraints"] = constraints
+    attrs["constraint_names"] = list(named)
     return attrs, constraints
 
 
@@ -145,6 +147,13 @@ def retry_key(key: str) -> str:
 def cost(trial: optuna.trial.FrozenTrial) -> float:
     """A trial's first objective: the candidate/baseline cost ratio (p95 latency is the second, if any)."""
     return trial.values[0]
+
+
+def set_constraints(trial: optuna.trial.Trial, attrs: Mapping[str, Any]) -> None:
+    """Optuna's own record of feasibility (<= 0 is feasible): samplers, study.best_trials and
+    optuna-dashboard read it there, whatever the sampler."""
+    for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True):
+        trial.set_constraint(name, value)
 
 
 def feasible(trial: optuna.trial.FrozenTrial) -> bool:
@@ -282,6 +291,7 @@ class Sweep:
                             trial.set_user_attr(key, value)
                     trial.set_user_attr("duplicate_of", twin.number)
                     if twin.state == TrialState.COMPLETE:
+                        set_constraints(trial, twin.user_attrs)
                         self.study.tell(trial, twin.values)
                     else:
                         self.study.tell(trial, state=TrialState.FAIL)
@@ -311,6 +321,7 @@ class Sweep:
                 trial.set_user_attr("reason", "; ".join(analysis.notes))
                 self.study.tell(trial, state=TrialState.FAIL)
                 return
+            set_constraints(trial, attrs)
             if self.settings.multi_objective:
                 self.study.tell(trial, [analysis.estimate.ratio, attrs["p95_e2e_s"]])
             else:

@@ -23,7 +23,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         rows.append({"trial": t.number, "params": t.params, "usd_per_mtok": a.get("usd_per_mtok"),
                      "ratio": a.get("ratio"), "ci": a.get("ci"), "verdict": a.get("verdict"),
                      "preemptions": a.get("preemptions"), "feasible": feasible(t), "status": status,
-                     "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of")})
+                     "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of"),
+                     "ran_on": ",".join(a.get("ran_on") or [])})
     return rows
 
 
@@ -54,8 +55,11 @@ def fmt_params(params: Mapping[str, Any]) -> str:
 
 
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
-    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [95% CI]':<22} {'verdict':<13} {'preempt':>7}  status"]
-    for r in trial_rows(result.study):
+    rows = trial_rows(result.study)
+    many = len({r["ran_on"] for r in rows if r["ran_on"]}) > 1  # several slots: say which ran each trial
+    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [95% CI]':<22} {'verdict':<13} {'preempt':>7}  "
+           + (f"{'slot':<26}" if many else "") + "status"]
+    for r in rows:
         usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
         ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
@@ -63,8 +67,9 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
             status += f" (same flags as trial {r['duplicate_of']})"
         if r["reason"]:
             status += f": {r['reason'][:80]}"
+        slot = f"{r['ran_on'] or '-':<26}" if many else ""
         out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
-                   f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {status}")
+                   f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {slot}{status}")
     out.append(f"($ per million output tokens, {price.label()}; ratio = candidate/baseline, drift-aware)")
     out.extend(boundary(result.study))
     if result.pareto:

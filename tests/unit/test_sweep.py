@@ -211,3 +211,33 @@ def test_multi_objective_sweep_reports_a_front_and_refuses_a_single_objective_re
     assert won.values[0] == pytest.approx(cheapest.values[0])  # the cheapest point of the front (or its tie)
     with pytest.raises(ConfigError, match="has 2 objective"):
         sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", name="mo")
+
+
+def test_the_study_opens_in_optuna_dashboard_with_verdicts_and_feasibility(tmp_path):
+    from wsgiref.util import setup_testing_defaults
+
+    from optuna_dashboard import wsgi
+
+    sweep(tmp_path, "study.sampler=grid", "study.n_trials=4", "compare.replicates=2", "study.confirm_replicates=2",
+          "study.confirm_top=1", name="dash")
+    app = wsgi(f"sqlite:///{tmp_path / 'dash' / 'study.db'}")
+
+    def get(path: str, query: str = "") -> dict:
+        env: dict = {}
+        setup_testing_defaults(env)
+        env.update(PATH_INFO=path, QUERY_STRING=query)
+        status: list[str] = []
+        body = b"".join(app(env, lambda s, h, e=None: status.append(s)))
+        assert status[0].startswith("200"), (path, status, body[:200])
+        return json.loads(body)
+
+    [summary] = get("/api/studies")["study_summaries"]
+    assert summary["study_name"] == "dash"
+    detail = get(f"/api/studies/{summary['study_id']}", "after=0")
+    trials = [t for t in detail["trials"] if t["state"] == "Complete"]
+    assert len(trials) == 4
+    for t in trials:
+        attrs = {a["key"]: a["value"] for a in t["user_attrs"]}
+        assert attrs["verdict"] in ("CHEAPER", "PRICIER", "NO DIFFERENCE", "INCONCLUSIVE")
+        assert json.loads(attrs["constraints"]) == [0.0 if int(attrs["preemptions"]) == 0 else
+                                                    float(attrs["preemptions"])]  # feasibility, readable there

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -62,15 +63,12 @@ def study_location(cfg: DictConfig) -> tuple[str, Path, str]:
 def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool) -> optuna.samplers.BaseSampler:
     kind, seed = cfg.study.sampler, cfg.study.seed
 
-    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
-        return trial.user_attrs.get("constraints", [1.0])
-
     if kind == "tpe":
         startup = max(3, min(10, cfg.study.n_trials // 3))
-        return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, n_startup_trials=startup,
-                                          constant_liar=parallel)
+        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (sweep.py)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=parallel)
     if kind == "gp":
-        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints)
+        return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid":  # every grid point is enqueued (see enqueue_grid); the sampler only fills gaps
@@ -182,6 +180,9 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
     if cfg.study.sampler == "grid":
         enqueue_grid(study, distributions, seed=cfg.study.seed)
     study.set_user_attr("space", plain(cfg.space))
+    with warnings.catch_warnings():  # set_metric_names is "experimental"; it names the axes in optuna-dashboard
+        warnings.simplefilter("ignore")
+        study.set_metric_names(["cost_ratio_vs_baseline", "p95_e2e_s"][: len(study.directions)])
     study.set_user_attr("baseline", baseline)
     console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
                   f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
