@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +161,7 @@ class RayPool:
     def _lost(self, job: Job, slot: int, exc: Exception) -> dict[str, Any]:
         """The actor under `job` died: say why in a record, then replace or retire the slot."""
         where = self.placement.get(slot, {})
-        node_alive = self._node_alive(where.get("node_id"))
+        node_alive = self._node_alive(where.get("node_id"), exc)
         first = str(exc).strip().splitlines()
         cause = next((line.strip() for line in first if "died because" in line or "killed" in line), first[0] if
                      first else type(exc).__name__)
@@ -200,17 +199,11 @@ class RayPool:
         self.actors[slot] = actor
         return True
 
-    def _node_alive(self, node_id: str | None) -> bool:
-        if node_id is None:
-            return True
-        deadline = time.monotonic() + 15.0  # the GCS notices a dead node within seconds; wait that long
-        while True:
-            for node in self._ray.nodes():
-                if node["NodeID"] == node_id and not node["Alive"]:
-                    return False
-            if time.monotonic() > deadline:
-                return True
-            time.sleep(0.5)
+    def _node_alive(self, node_id: str | None, exc: Exception) -> bool:
+        """Did the node under a dead actor survive? Ray says so in the error, or the GCS knows by then."""
+        if "node has died" in str(exc) or "node died" in str(exc):
+            return False
+        return not any(n["NodeID"] == node_id and not n["Alive"] for n in self._ray.nodes())
 
     def close(self) -> None:
         for actor in self.actors.values():

@@ -3,6 +3,7 @@ a private local Ray started by the tool, and the faults a long sweep must surviv
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -276,3 +277,46 @@ def test_real_vllm_sweep_on_two_ray_slots(tmp_path):
     assert {r["slot"] for r in records} == {"ray-0", "ray-1"}
     assert most_at_once(records) == 2
     assert study.user_attrs["winner"]["params"] == {"max_num_seqs": 8}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def end_ray_started_in(temp: str) -> None:
+    """`ray stop` would end every Ray on the machine; end only the one whose processes name this temp dir."""
+    roots = [p for p in psutil.process_iter(["cmdline"])
+             if temp in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+    procs = {p.pid: p for root in roots for p in [root, *root.children(recursive=True)]}
+    for p in procs.values():
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(list(procs.values()), timeout=30)
+
+
+def test_ray_job_submit_runs_a_sweep_on_a_running_cluster(tmp_path):
+    temp = tempfile.mkdtemp(prefix="ts-job-", dir="/tmp")
+    port, dash = free_port(), free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                    f"--temp-dir={temp}", "--disable-usage-stats"], check=True, env=env, capture_output=True,
+                   timeout=120)
+    try:
+        job = subprocess.run([ray_cli, "job", "submit", f"--address=http://127.0.0.1:{dash}", "--", sys.executable,
+                              "-m", "throttle_sweep", *FAKE, "study.name=job", f"results_dir={tmp_path}",
+                              "study.n_trials=4", "ray.enabled=true", "ray.cpu_slots=2"],
+                             env={**env, "RAY_AUTH_MODE": "token"}, cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        assert "ray: joined the cluster" in job.stdout and "succeeded" in job.stdout + job.stderr
+    finally:
+        end_ray_started_in(temp)
+    study = optuna.load_study(study_name="job", storage=f"sqlite:///{tmp_path / 'job' / 'study.db'}")
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 4 and "winner" in study.user_attrs
+    assert {r["slot"] for r in read_records(tmp_path / "job" / "replicates.jsonl")} == {"ray-0", "ray-1"}

@@ -241,3 +241,20 @@ def test_the_study_opens_in_optuna_dashboard_with_verdicts_and_feasibility(tmp_p
         assert attrs["verdict"] in ("CHEAPER", "PRICIER", "NO DIFFERENCE", "INCONCLUSIVE")
         assert json.loads(attrs["constraints"]) == [0.0 if int(attrs["preemptions"]) == 0 else
                                                     float(attrs["preemptions"])]  # feasibility, readable there
+
+
+def test_a_latency_limit_is_a_constraint_like_preemption(tmp_path):
+    from optuna.trial import TrialState
+
+    limit = 0.006  # the fake's step time grows with the batch: only small max_num_seqs keep ITL under 6 ms
+    study = sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", "compare.replicates=2",
+                  "study.confirm_replicates=2", "study.max_preemptions=1000", f"study.max_p95_itl_s={limit}",
+                  name="itl")
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    fast = [t for t in done if t.user_attrs["p95_itl_s"] <= limit]
+    assert fast and len(fast) < len(done)
+    for t in done:
+        assert (t.user_attrs["constraints"][1] <= 0) == (t in fast)
+        assert t.constraints["p95_itl_s"] == t.user_attrs["constraints"][1]  # Optuna's own record agrees
+    winner = next(t for t in fast if t.params == study.user_attrs["winner"]["params"])
+    assert winner.values[0] == pytest.approx(min(t.values[0] for t in fast))
