@@ -162,17 +162,15 @@ class RayPool:
         """The actor under `job` died: say why in a record, then replace or retire the slot."""
         where = self.placement.get(slot, {})
         node_alive = self._node_alive(where.get("node_id"), exc)
-        first = str(exc).strip().splitlines()
-        cause = next((line.strip() for line in first if "died because" in line or "killed" in line), first[0] if
-                     first else type(exc).__name__)
-        header = self._header(job)
-        context = {"slot": f"ray-{slot}", "placement": where}
+        said = str(exc).strip().splitlines() or [type(exc).__name__]
+        cause = next((line.strip() for line in said if "died because" in line or "killed" in line), said[0])
+        header = {**self._header(job), "slot": f"ray-{slot}", "placement": where}
         if node_alive:
-            record = failed_record({**header, **context}, f"the engine's process died mid-replicate ({cause})",
-                                   stage="run")
+            record = failed_record(header, f"the engine's process died mid-replicate ({cause})", stage="run")
         else:
-            record = failed_record({**header, **context}, f"node {where.get('node_ip')} ({str(where.get('node_id'))[:8]}) "
-                                   f"died under slot {slot} ({cause})", stage="run", infrastructure=True)
+            node = f"{where.get('node_ip')} ({str(where.get('node_id'))[:8]})"
+            record = failed_record(header, f"node {node} died under slot {slot} ({cause})", stage="run",
+                                   infrastructure=True)
         with contextlib.suppress(Exception):
             self._ray.kill(self.actors.pop(slot), no_restart=True)
         self.placement.pop(slot, None)
