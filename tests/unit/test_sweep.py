@@ -258,3 +258,74 @@ def test_a_latency_limit_is_a_constraint_like_preemption(tmp_path):
         assert t.constraints["p95_itl_s"] == t.user_attrs["constraints"][1]  # Optuna's own record agrees
     winner = next(t for t in fast if t.params == study.user_attrs["winner"]["params"])
     assert winner.values[0] == pytest.approx(min(t.values[0] for t in fast))
+
+
+class LosingPool:
+    """Two slots measuring on the fake engine; the node under slot 1 'dies' on its `lose_at`-th job (an
+    infrastructure failure), after which slot 1 is retired, or every slot if `lose_all`."""
+
+    def __init__(self, lose_at: int, lose_all: bool = False) -> None:
+        from throttle_sweep.measure import failed_record, record_header
+
+        self.engine, self.spec = FakeEngine(FakeKnobs()), WorkloadSpec(num_requests=8, prompt_len=16, output_len=16,
+                                                                      concurrency=8, warmup_requests=0)
+        self.slots, self.size, self.queue, self.jobs_on_1 = [0, 1], 2, [], 0
+        self.lose_at, self.lose_all = lose_at, lose_all
+        self._header, self._failed = record_header, failed_record
+
+    def submit(self, job):
+        self.queue.append(job)
+
+    def wait(self):
+        job = self.queue.pop(0)
+        context = {**job.context, "slot": f"s{job.slot}"}
+        if job.slot == 1:
+            self.jobs_on_1 += 1
+            if self.jobs_on_1 == self.lose_at:
+                self.slots = [] if self.lose_all else [0]
+                header = self._header(self.engine, job.flags, self.spec, Price(), run_id="t", arm=job.arm,
+                                      position=job.position, context=context)
+                return [(job, self._failed(header, "node died", infrastructure=True))]
+        return [(job, measure_replicate(self.engine, job.flags, self.spec, Price(), run_id="t", arm=job.arm,
+                                        position=job.position, environment={}, context=context))]
+
+    def close(self):
+        pass
+
+
+def losing_sweep(pool):
+    from throttle_sweep.sweep import Sweep, SweepSettings
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for n in (2, 3, 4, 5):
+        study.enqueue_trial({"max_num_seqs": n})
+    written = []
+    sweep = Sweep(study=study, distributions={"max_num_seqs": optuna.distributions.IntDistribution(1, 8)},
+                  base_flags={"max_model_len": 1024}, baseline_flags={"max_model_len": 1024, "max_num_seqs": 1},
+                  workload_key={}, pool=pool, write=written.append, existing=[],
+                  settings=SweepSettings(n_trials=4, replicates=2, confirm_top=1, confirm_replicates=2))
+    return sweep, written
+
+
+def test_a_comparison_whose_slot_is_lost_starts_again_on_a_live_slot_and_nothing_is_lost():
+    from optuna.trial import TrialState
+
+    sweep, written = losing_sweep(LosingPool(lose_at=2))
+    result = sweep.run()
+    lost = [r for r in written if r.get("infrastructure")]
+    assert len(lost) == 1 and lost[0] in written  # the lost replicate is recorded, not dropped
+    interrupted = [t for t in result.study.trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    redo = [t for t in result.study.trials if t.user_attrs.get("resume_key") == f"trial-{interrupted[0].number}~1"]
+    assert len(redo) == 1 and redo[0].state == TrialState.COMPLETE and redo[0].params == interrupted[0].params
+    assert {r["slot"] for r in written if r["started_at"] > lost[0]["ended_at"]} == {"s0"}
+    assert sum(t.state == TrialState.COMPLETE for t in result.study.trials) == 4 and result.winner is not None
+
+
+def test_losing_every_slot_stops_the_sweep_with_everything_measured_kept():
+    from throttle_sweep.sweep import NoSlotsLeft
+
+    sweep, written = losing_sweep(LosingPool(lose_at=2, lose_all=True))
+    with pytest.raises(NoSlotsLeft, match="run the same command again"):
+        sweep.run()
+    assert written and sweep.records == written
