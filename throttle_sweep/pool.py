@@ -1,6 +1,9 @@
 """Engine slots. A slot owns one engine and measures one replicate at a time; the driver hands out
 replicates and gets records back, so it alone writes. `LocalPool` is one slot in this process; the Ray
-pool in cluster.py has one actor per slot."""
+pool in cluster.py has one actor per slot.
+
+`wait` never raises for a lost replicate: it returns a failed record. `infrastructure: true` in it means
+the slot itself was lost (its node died), not that the flags failed; such a slot may leave `slots`."""
 
 from __future__ import annotations
 
