@@ -87,6 +87,7 @@ class SlotActor:
                  run_id: str, slot: int) -> None:
         self.engine = make_engine(backend, fake_knobs=FakeKnobs(**knobs) if knobs is not None else None)
         self.spec, self.price, self.run_id, self.slot = spec, price, run_id, slot
+        self.environment: dict[str, Any] | None = None  # read once, at the first replicate
 
     def where(self) -> dict[str, Any]:
         import socket
@@ -101,8 +102,11 @@ class SlotActor:
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
                 ) -> dict[str, Any]:
         where = self.where()
+        if self.environment is None:
+            self.environment = self.engine.environment()
         return measure_replicate(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
-                                 position=position, context={**context, "slot": where["slot"], "placement": where})
+                                 position=position, environment=self.environment,
+                                 context={**context, "slot": where["slot"], "placement": where})
 
 
 class RayPool:

@@ -91,7 +91,7 @@ def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:
     return trial.user_attrs.get("resume_key", f"trial-{trial.number}")
 
 
-def trial_summary(analysis: Analysis, settings: SweepSettings) -> tuple[dict[str, Any], list[float]]:
+def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]:
     """User attributes of a finished search trial, and its constraint values (<= 0 means feasible)."""
     cand = [r for r in analysis.records if r["arm"] == CANDIDATE and r.get("status") == "ok"]
     est = analysis.estimate
@@ -121,10 +121,9 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> tuple[dict[str
         named["p95_ttft_s"] = ttft - settings.max_p95_ttft_s
     if settings.max_p95_itl_s is not None:
         named["p95_itl_s"] = itl - settings.max_p95_itl_s
-    constraints = list(named.values())
-    attrs["constraints"] = constraints
+    attrs["constraints"] = list(named.values())
     attrs["constraint_names"] = list(named)
-    return attrs, constraints
+    return attrs
 
 
 def where(record: Mapping[str, Any]) -> str:
@@ -314,7 +313,7 @@ class Sweep:
                 return
             analysis = analyse(list(comp.records.values()), self.settings.thresholds,
                                token_tolerance=self.settings.token_tolerance)
-            attrs, _ = trial_summary(analysis, self.settings)
+            attrs = trial_summary(analysis, self.settings)
             for key, value in {**attrs, "status": "ok", "comparison": comp.id}.items():
                 trial.set_user_attr(key, value)
             if analysis.estimate is None:

@@ -37,15 +37,6 @@ FAKE = ["backend=fake", "fake.realtime=true", "fake.start_s=0.3", "workload.num_
         "study.sampler=grid", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2", "plots=false"]
 
 
-def ray_processes() -> set[int]:
-    found = set()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if cmd.startswith("ray::") or "raylet" in cmd or "gcs_server" in cmd or "ray/dashboard" in cmd:
-            found.add(p.info["pid"])
-    return found
-
-
 @pytest.fixture
 def cluster():
     """Two nodes with two logical GPUs each, in their own temp dir; torn down afterwards."""

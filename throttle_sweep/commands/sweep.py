@@ -140,7 +140,6 @@ def run(cfg: DictConfig, console: Console) -> int:
                 return 130 if isinstance(exc, KeyboardInterrupt) else 3
     finally:
         closer()
-    study = sweep.study
     for line in lines(result, price, settings.max_preemptions):
         console.print(line, highlight=False)
     report = write_report(out, result, price, settings.max_preemptions, plots=cfg.plots)
