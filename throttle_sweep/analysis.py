@@ -18,6 +18,10 @@ from throttle_sweep.records import check_record
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.stats import WITHHELD, Estimate, Observation, Thresholds, estimate
 
+COST_BASES = ("steady", "fixed_work", "offered_load")
+BASIS_LABEL = {"steady": "steady state", "fixed_work": "whole fixed work", "offered_load": "at the offered load",
+               "as recorded": "as recorded"}
+
 
 @dataclass
 class Analysis:
@@ -26,13 +30,40 @@ class Analysis:
     records: list[dict[str, Any]]  # every record, in run order (failed ones included)
     labels: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    basis: str = "as recorded"  # which cost per token was judged: steady | fixed_work | offered_load | as recorded
+
+    def cost_of(self, record: Mapping[str, Any]) -> float:
+        return judged_cost(record, self.basis)
 
     def costs(self, arm: str) -> list[tuple[int, float]]:
-        return [(r["position"], r["usd_per_mtok"]) for r in self.records if r["arm"] == arm and _ok(r)]
+        return [(r["position"], self.cost_of(r)) for r in self.records if r["arm"] == arm and _ok(r)]
+
+
+def judged_cost(record: Mapping[str, Any], basis: str) -> float:
+    """The steady-state cost (closed loop, before the drain), or the cost of the whole replicate."""
+    return record["steady"]["usd_per_mtok"] if basis == "steady" else record["usd_per_mtok"]
 
 
 def _ok(record: Mapping[str, Any]) -> bool:
     return record.get("status", "ok") == "ok" and record.get("usd_per_mtok") is not None
+
+
+def _basis(ok: Sequence[Mapping[str, Any]], wanted: str) -> tuple[str, str | None]:
+    """The basis the records allow for the one wanted, and why not, when they allow none."""
+    recorded = {r.get("cost_basis") for r in ok} - {None}
+    if len(recorded) > 1:
+        return wanted, f"the replicates' costs have different bases ({', '.join(sorted(recorded))})"
+    if wanted == "steady":
+        with_window = [r.get("steady") is not None for r in ok]
+        if all(with_window):
+            return "steady", None
+        if any(with_window):
+            return wanted, "some replicates have a steady-state window and some do not"
+        return ("as recorded", None) if not recorded else (wanted, "no replicate has a steady-state window "
+                                                                   "(an open loop has none)")
+    if recorded and recorded != {wanted}:
+        return wanted, f"compare.cost={wanted}, but the replicates measured cost {recorded.pop()}"
+    return wanted if recorded else "as recorded", None
 
 
 def arm_labels(baseline: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None) -> dict[str, str]:
@@ -54,9 +85,11 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, token_tolerance: float = 0.0,
-            labels: dict[str, str] | None = None, strict: bool = False) -> Analysis:
+            labels: dict[str, str] | None = None, strict: bool = False, cost: str = "steady") -> Analysis:
     """strict: bad data (one arm, < 2 replicates per arm, bad costs) raises instead of withholding the
-    verdict; for input given to analyze, where nothing was measured that a report must keep."""
+    verdict; for input given to analyze, where nothing was measured that a report must keep.
+    cost: which cost per token to judge (COST_BASES); records without that basis (a CSV of costs) are
+    judged as recorded."""
     rows = sorted((dict(r) for r in records), key=lambda r: r["position"])
     if labels is None:
         first = {arm: next((r.get("flags") for r in rows if r["arm"] == arm), None) for arm in (BASELINE, CANDIDATE)}
@@ -72,19 +105,30 @@ def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, tok
             notes.insert(0, f"verdict withheld: {key} differ across replicates ({min(values)} to {max(values)}, "
                             f"tolerance {token_tolerance:.1%}); cost per token is not comparable")
             return Analysis(WITHHELD, None, rows, labels, notes)
+    basis, problem = _basis(ok, cost)
+    if problem is not None:
+        if strict:
+            raise RecordError(f"cannot judge cost on the {cost} basis: {problem}")
+        notes.insert(0, f"verdict withheld: {problem}")
+        return Analysis(WITHHELD, None, rows, labels, notes, basis)
     preempt = {arm: sum(r.get("preemptions") or 0 for r in ok if r["arm"] == arm) for arm in (BASELINE, CANDIDATE)}
     if (preempt[BASELINE] > 0) != (preempt[CANDIDATE] > 0):
         arm = BASELINE if preempt[BASELINE] else CANDIDATE
         notes.append(f"only the {arm} arm ({labels[arm]}) preempted: {preempt[arm]} preemptions in total")
     try:
-        est = estimate([Observation(r["arm"], r["position"], r["usd_per_mtok"]) for r in ok], thresholds)
+        est = estimate([Observation(r["arm"], r["position"], judged_cost(r, basis)) for r in ok], thresholds)
     except ConfigError as exc:
         if strict:
             raise
         notes.insert(0, f"verdict withheld: {exc}")
-        return Analysis(WITHHELD, None, rows, labels, notes)
+        return Analysis(WITHHELD, None, rows, labels, notes, basis)
     notes.extend(est.warnings)
-    return Analysis(est.verdict, est, rows, labels, notes)
+    drain = [r["steady"]["drain_share"] for r in ok if r.get("steady")]
+    if basis == "steady" and drain and max(drain) > 0.5:
+        notes.append(f"up to {100 * max(drain):.0f}% of a replicate's time was the drain (fewer requests left than "
+                     "the concurrency), which the steady-state cost leaves out; raise workload.num_requests to "
+                     "measure more steady work per replicate")
+    return Analysis(est.verdict, est, rows, labels, notes, basis)
 
 
 # ---- analyze input: this tool's records, or a minimal CSV / JSONL (arm, order, usd_per_mtok) ----

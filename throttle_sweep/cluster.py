@@ -11,11 +11,16 @@ same study can end any that a SIGKILLed driver left behind.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import math
 import os
+import secrets
 import shutil
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +36,13 @@ from throttle_sweep.pool import Job
 from throttle_sweep.workload import WorkloadSpec
 
 LEFTOVERS = "ray-local.json"
+TEMP_PREFIX = "/tmp/ts-ray-"  # short: Ray's socket paths must stay < 108 chars
+
+
+def is_private_temp(path: str) -> bool:
+    """A temp dir this tool made for a private Ray: directly under /tmp, named ts-ray-*."""
+    real = os.path.realpath(path)
+    return real.startswith(TEMP_PREFIX) and os.path.dirname(real) == os.path.dirname(TEMP_PREFIX)
 
 
 class ClusterError(ThrottleSweepError):
@@ -109,25 +121,47 @@ class SlotActor:
                                  context={**context, "slot": where["slot"], "placement": where})
 
 
+@dataclass
+class Pending:
+    """A replicate handed to a slot's actor: when, and by when it must answer."""
+
+    job: Job
+    slot: int
+    ping: Any  # a no-op call queued on the actor just before the replicate: did the actor live to take it?
+    submitted: float  # time.monotonic()
+    submitted_at: str  # wall clock, for the record
+    deadline: float
+
+
 class RayPool:
-    """The slots of a Ray cluster. `wait` returns finished replicates; a replicate whose actor died comes
-    back as a failed record (with `infrastructure: true` when its node died), never as an exception."""
+    """The slots of a Ray cluster. `wait` returns finished replicates; a replicate whose actor died, or that
+    did not answer by its deadline, comes back as a failed record (with `infrastructure: true` when the slot,
+    not the flags, is to blame), never as an exception and never as a hang.
+
+    A replicate's deadline follows from what the same flags took before in this run (`job_timeout_factor`
+    times it, at least a minute), or `job_timeout_s` for flags not yet seen. A slot whose actor is lost gets
+    a new actor without waiting for it to be placed: its next replicate waits for it under the same deadline,
+    so no slot ever blocks the others."""
 
     def __init__(self, *, make_actor: Callable[[int], Any], shape: SlotShape,
                  header: Callable[[Job], dict[str, Any]], say: Callable[[str], None] = lambda _: None,
-                 start_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 300.0, job_timeout_s: float = 1800.0, job_timeout_factor: float = 10.0
+                 ) -> None:
         import ray
 
         self._ray, self._make_actor, self.shape, self._header, self.say = ray, make_actor, shape, header, say
-        self.start_timeout_s = start_timeout_s
+        self.job_timeout_s, self.job_timeout_factor = job_timeout_s, job_timeout_factor
         self.actors = {slot: make_actor(slot) for slot in range(shape.count)}
         self.placement: dict[int, dict[str, Any]] = {}
-        self.pending: dict[Any, tuple[Job, int]] = {}
+        self.proven: set[int] = set()  # slots whose current actor has answered at least once
+        self.pending: dict[Any, Pending] = {}
+        self.took: dict[str, float] = {}  # flags -> the longest replicate (start + work) seen with them
         self.replaced = 0
         refs = {self.actors[slot].where.remote(): slot for slot in self.actors}
         ready, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=start_timeout_s)
         for ref in ready:
             self.placement[refs[ref]] = ray.get(ref)
+            self.proven.add(refs[ref])
         if not_ready:
             self.close()
             raise ClusterError(f"only {len(ready)} of {shape.count} engine slots could be placed within "
@@ -142,64 +176,117 @@ class RayPool:
     def size(self) -> int:
         return len(self.actors)
 
+    def timeout_for(self, job: Job) -> float:
+        took = self.took.get(_flags_key(job.flags))
+        return self.job_timeout_s if took is None else max(60.0, self.job_timeout_factor * took)
+
     def submit(self, job: Job) -> None:
-        ref = self.actors[job.slot].measure.remote(dict(job.flags), job.arm, job.position, dict(job.context))
-        self.pending[ref] = (job, job.slot)
+        actor = self.actors[job.slot]
+        ping = actor.where.remote()  # an actor runs its calls in order: this one answers before the replicate
+        ref = actor.measure.remote(dict(job.flags), job.arm, job.position, dict(job.context))
+        now = time.monotonic()
+        self.pending[ref] = Pending(job, job.slot, ping, now, _now_iso(), now + self.timeout_for(job))
 
     def wait(self) -> list[tuple[Job, dict[str, Any]]]:
         ray = self._ray
-        ready, rest = ray.wait(list(self.pending), num_returns=1)
+        while True:
+            timeout = max(0.0, min(p.deadline for p in self.pending.values()) - time.monotonic())
+            # short slices: between them Python runs its signal handlers (Ctrl-C, SIGTERM), which a long
+            # ray.wait with a timeout would hold back until it returns
+            ready, rest = ray.wait(list(self.pending), num_returns=1, timeout=min(timeout, 0.5))
+            if ready:
+                break
+            expired = [ref for ref, p in self.pending.items() if p.deadline <= time.monotonic()]
+            if expired:
+                return [self._expired(ref) for ref in expired]
         if rest:  # take every other replicate that is done too
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
         done = []
         for ref in ready:
-            job, slot = self.pending.pop(ref)
+            pending = self.pending.pop(ref)
             try:
                 record = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor (or its node) died under the replicate
-                record = self._lost(job, slot, exc)
-            done.append((job, record))
+                record = self._lost(pending, exc)
+            else:
+                self.proven.add(pending.slot)
+                self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
+                key = _flags_key(pending.job.flags)
+                took = (record.get("engine_start_s") or 0) + (record.get("wall_s") or 0)
+                self.took[key] = max(self.took.get(key, 0.0), took)
+            done.append((pending.job, record))
         return done
 
-    def _lost(self, job: Job, slot: int, exc: Exception) -> dict[str, Any]:
-        """The actor under `job` died: say why in a record, then replace or retire the slot."""
-        where = self.placement.get(slot, {})
+    def _expired(self, ref: Any) -> tuple[Job, dict[str, Any]]:
+        pending = self.pending.pop(ref)
+        waited = time.monotonic() - pending.submitted
+        where = self.placement.get(pending.slot, {})
+        why = (f"no answer from slot {pending.slot} within {waited:.0f}s (the engine hung, or its node "
+               f"{where.get('node_ip', '?')} cannot be reached); its actor was ended")
+        record = failed_record(self._lost_header(pending), why, stage="run", infrastructure=True)
+        if pending.slot not in self.proven:  # a new actor that never answered: it cannot be placed or started
+            self._end_actor(pending.slot)
+            self.say(f"slot {pending.slot}: retired, its new actor never answered ({len(self.actors)} slots left)")
+        else:
+            self._replace(pending.slot, node_alive=True)
+        return pending.job, record
+
+    def _lost_header(self, pending: Pending) -> dict[str, Any]:
+        header = {**self._header(pending.job), "slot": f"ray-{pending.slot}",
+                  "placement": self.placement.get(pending.slot, {})}
+        header["started_at"] = pending.submitted_at  # the driver handed it over then; the slot kept nothing
+        return header
+
+    def _lost(self, pending: Pending, exc: Exception) -> dict[str, Any]:
+        """The actor under a replicate died: say why and who is to blame in a record, then replace or retire
+        the slot. Only an engine process that died under the replicate on a live node, not killed by Ray for
+        memory, can be the flags' doing; anything else is the slot's (infrastructure)."""
+        slot, where = pending.slot, self.placement.get(pending.slot, {})
         node_alive = self._node_alive(where.get("node_id"), exc)
         said = str(exc).strip().splitlines() or [type(exc).__name__]
         cause = next((line.strip() for line in said if "died because" in line or "killed" in line), said[0])
-        header = {**self._header(job), "slot": f"ray-{slot}", "placement": where}
-        if node_alive:
-            record = failed_record(header, f"the engine's process died mid-replicate ({cause})", stage="run")
-        else:
+        header = self._lost_header(pending)
+        if not node_alive:
             node = f"{where.get('node_ip')} ({str(where.get('node_id'))[:8]})"
             record = failed_record(header, f"node {node} died under slot {slot} ({cause})", stage="run",
                                    infrastructure=True)
-        with contextlib.suppress(Exception):
-            self._ray.kill(self.actors.pop(slot), no_restart=True)
-        self.placement.pop(slot, None)
-        if (node_alive or len(self.actors) < hostable_slots(self._ray.nodes(), self.shape)) and self._place(slot):
-            self.replaced += 1
-            self.say(f"slot {slot}: actor replaced on node {self.placement[slot]['node_ip']} "
-                     f"(gpus {self.placement[slot]['gpu_ids']})")
+        elif isinstance(exc, self._ray.exceptions.OutOfMemoryError) or "memory monitor" in str(exc):
+            record = failed_record(header, f"Ray's memory monitor killed slot {slot}'s engine process, which may "
+                                   f"not be this replicate's doing ({cause})", stage="run", infrastructure=True)
+        elif self._died_idle(pending):
+            record = failed_record(header, f"slot {slot}'s engine process was already dead when this replicate "
+                                   f"was handed to it ({cause})", stage="run", infrastructure=True)
         else:
-            self.say(f"slot {slot}: retired, the surviving nodes cannot host it ({len(self.actors)} slots left)")
+            record = failed_record(header, f"the engine's process died mid-replicate ({cause})", stage="run")
+        self._replace(slot, node_alive=node_alive)
         return record
 
-    def _place(self, slot: int) -> bool:
-        """A new actor for `slot`, waited for until placed (False, and none kept, if it cannot be)."""
-        actor = self._make_actor(slot)
-        ref = actor.where.remote()
-        ready, _ = self._ray.wait([ref], timeout=self.start_timeout_s)
-        if not ready:
-            self._ray.kill(actor, no_restart=True)
-            return False
+    def _died_idle(self, pending: Pending) -> bool:
+        """Was the actor dead before the replicate reached it? Ray's error reads the same either way, so the
+        ping queued just before the replicate tells: it failed too only if the actor died before it."""
         try:
-            self.placement[slot] = self._ray.get(ref)
-        except self._ray.exceptions.RayActorError:
-            return False
-        self.actors[slot] = actor
-        return True
+            self._ray.get(pending.ping, timeout=5)
+        except Exception:  # noqa: BLE001 - any failure of the ping means the actor never took the replicate
+            return True
+        return False
+
+    def _end_actor(self, slot: int) -> None:
+        with contextlib.suppress(Exception):  # an actor already gone is what we want
+            self._ray.kill(self.actors.pop(slot), no_restart=True)
+        self.placement.pop(slot, None)
+        self.proven.discard(slot)
+
+    def _replace(self, slot: int, *, node_alive: bool) -> None:
+        """End the slot's actor and start a new one (not waited for), or retire the slot when the surviving
+        nodes cannot host it."""
+        self._end_actor(slot)
+        if node_alive or len(self.actors) < hostable_slots(self._ray.nodes(), self.shape):
+            self.actors[slot] = self._make_actor(slot)
+            self.replaced += 1
+            self.say(f"slot {slot}: a new actor is starting")
+        else:
+            self.say(f"slot {slot}: retired, the surviving nodes cannot host it ({len(self.actors)} slots left)")
 
     def _node_alive(self, node_id: str | None, exc: Exception) -> bool:
         """Did the node under a dead actor survive? Ray says so in the error, or the GCS knows by then."""
@@ -215,6 +302,14 @@ class RayPool:
         self.pending.clear()
 
 
+def _flags_key(flags: Mapping[str, Any]) -> str:
+    return json.dumps(dict(flags), sort_keys=True, default=str)
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
 # ---- joining or starting Ray -------------------------------------------------------------------------------
 def connect(ray_conf: Mapping[str, Any], out: Path, say: Callable[[str], None]) -> Callable[[], None]:
     """Join `ray.address` (or RAY_ADDRESS, as under `ray job submit`), or start a private local Ray.
@@ -226,26 +321,84 @@ def connect(ray_conf: Mapping[str, Any], out: Path, say: Callable[[str], None]) 
         return lambda: None  # the caller's own Ray (a library user, a test): theirs to stop
     address = ray_conf.get("address") or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=False, configure_logging=False, namespace="throttle_sweep")
+        init_keeping_sigterm(address=address, log_to_driver=False, configure_logging=False, namespace="throttle_sweep")
         say(f"ray: joined the cluster at {address} ({ray.cluster_resources().get('GPU', 0):g} GPUs, "
             f"{ray.cluster_resources().get('CPU', 0):g} CPUs)")
         return ray.shutdown
     end_leftovers(out, say)
-    temp = tempfile.mkdtemp(prefix="ts-ray-", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    temp = tempfile.mkdtemp(prefix=os.path.basename(TEMP_PREFIX), dir=os.path.dirname(TEMP_PREFIX))
     need_cpus = ray_conf["cpu_slots"] * ray_conf["cpus_per_slot"] if ray_conf.get("slots") is None \
         else ray_conf["slots"] * ray_conf["cpus_per_slot"]
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(need_cpus)), include_dashboard=False,
-             _temp_dir=temp, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
-             namespace="throttle_sweep")
+    unlock = lock_down(temp)
+    try:
+        init_keeping_sigterm(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(need_cpus)),
+                             include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1",
+                             log_to_driver=False, configure_logging=False, namespace="throttle_sweep")
+    except BaseException:
+        unlock()
+        raise
     write_leftovers(out, temp)
-    say(f"ray: started a private local Ray in {temp}")
+    say(f"ray: started a private local Ray in {temp} (loopback only, token authentication)")
 
     def stop() -> None:
         ray.shutdown()
+        unlock()
         shutil.rmtree(temp, ignore_errors=True)
         (out / LEFTOVERS).unlink(missing_ok=True)
 
     return stop
+
+
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+
+
+def lock_down(temp: str) -> Callable[[], None]:
+    """Make the private Ray about to start reachable from this machine's loopback only, and only with a
+    token, whatever the user's environment says; returns what undoes it (after ray.shutdown).
+
+    - Loopback: Ray binds every server (GCS, raylet, workers, agents, metrics) to loopback when it believes
+      clusters are off on this platform (`ENABLE_RAY_CLUSTER`, read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at
+      import); otherwise it maps 127.0.0.1 to the interface address and listens on all interfaces.
+    - Token: RAY_AUTH_MODE=token with a fresh random token (mode 0600) in the private temp dir, not in
+      ~/.ray. Ray caches its config at import, so it is reloaded for the change to take (as Ray's own
+      token set-up does). The Prometheus metrics port has no authentication; loopback is its only guard.
+    Workers inherit the environment, so they see the same token."""
+    import ray._private.ray_constants as constants
+    from ray._raylet import Config
+
+    token = Path(temp) / "auth_token"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))
+    saved_env = {key: os.environ.get(key) for key in AUTH_ENV}
+    saved_cluster = constants.ENABLE_RAY_CLUSTER
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the token file
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    constants.ENABLE_RAY_CLUSTER = False
+    Config.initialize("")
+
+    def unlock() -> None:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        constants.ENABLE_RAY_CLUSTER = saved_cluster
+        Config.initialize("")
+
+    return unlock
+
+
+def init_keeping_sigterm(**kwargs: Any) -> None:
+    """ray.init, then the caller's SIGTERM handler back: Ray installs its own, which exits with code 15 and
+    would skip the sweep's clean stop (trials left for the next run, a message how to resume)."""
+    import ray
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    ray.init(**kwargs)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def write_leftovers(out: Path, temp: str) -> None:
@@ -258,23 +411,36 @@ def write_leftovers(out: Path, temp: str) -> None:
 
 
 def end_leftovers(out: Path, say: Callable[[str], None]) -> int:
-    """End the processes of a private Ray that a killed driver of this study left running."""
+    """End the processes of a private Ray that a killed driver of this study left running. Called only by
+    the holder of the study's lock (runlock.py), so the Ray it ends can only be a dead driver's. The file is
+    not trusted as written: the temp dir must be one of ours, and a process is ended only if it is the one
+    noted (same start time, not a reused pid) and its command line names that temp dir."""
     import psutil
 
     path = out / LEFTOVERS
     if not path.exists():
         return 0
-    info = json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_text())
+        temp, procs = str(info["temp_dir"]), list(info["processes"])
+    except (ValueError, KeyError, TypeError):
+        say(f"ray: {path} is not a leftovers file this tool wrote; it was left alone and nothing was ended")
+        return 0
+    if not is_private_temp(temp):
+        say(f"ray: {path} names {temp!r}, which is not a private Ray temp dir of this tool ({TEMP_PREFIX}*); "
+            "nothing was ended or removed")
+        return 0
     ended = 0
-    for proc in info.get("processes", []):
+    for proc in procs:
         try:
-            p = psutil.Process(proc["pid"])
-            if abs(p.create_time() - proc["create_time"]) < 1e-3:  # the same process, not a reused pid
+            p = psutil.Process(int(proc["pid"]))
+            same = abs(p.create_time() - float(proc["create_time"])) < 1e-3  # not a reused pid
+            if same and any(temp in arg for arg in p.cmdline()):
                 p.kill()
                 ended += 1
-        except psutil.Error:
+        except (psutil.Error, KeyError, TypeError, ValueError):
             pass
-    shutil.rmtree(info.get("temp_dir", ""), ignore_errors=True)
+    shutil.rmtree(temp, ignore_errors=True)
     path.unlink()
     if ended:
         say(f"ray: ended {ended} processes left by an earlier run of this study that was killed")
@@ -301,7 +467,8 @@ def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price
                                  environment=environment, context=job.context)
 
         pool = RayPool(make_actor=lambda slot: remote.remote(cfg.backend, knobs, spec, price, run_id, slot),
-                       shape=shape, header=header, say=say, start_timeout_s=ray_conf["start_timeout_s"])
+                       shape=shape, header=header, say=say, start_timeout_s=ray_conf["start_timeout_s"],
+                       job_timeout_s=ray_conf["job_timeout_s"], job_timeout_factor=ray_conf["job_timeout_factor"])
     except BaseException:
         stop()
         raise

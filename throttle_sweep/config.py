@@ -25,7 +25,8 @@ class WorkloadConf:
     concurrency: int = 8
     rate: float | None = None
     jsonl: str | None = None
-    warmup_requests: int = 4
+    warmup_requests: int | None = None  # null: one full batch (concurrency) of short requests
+    warmup_output_len: int = 16
     seed: int = 0
     vocab_limit: int = 1000
 
@@ -45,6 +46,7 @@ class CompareConf:
     equivalence_margin: float = 0.02  # NO DIFFERENCE needs the whole interval inside 1 +/- margin
     token_tolerance: float = 0.0  # relative spread of output tokens / requests tolerated across replicates
     seed: int = 0
+    cost: str = "steady"  # the cost judged: steady (closed loop, before the drain) | fixed_work | offered_load
 
 
 @dataclass
@@ -58,7 +60,8 @@ class StudyConf:
     seed: int = 0
     max_preemptions: int = 0  # a candidate that preempts more than this is infeasible
     max_p95_ttft_s: float | None = None
-    max_p95_itl_s: float | None = None
+    max_p95_tpot_s: float | None = None  # per request: mean time per output token after the first
+    max_p95_itl_s: float | None = None  # pooled gaps between tokens, as vLLM's benchmarks define ITL
     multi_objective: bool = False  # cost and p95 end-to-end latency: report the Pareto front
     confirm_top: int = 2  # best feasible candidates re-measured head-to-head
     confirm_replicates: int = 3
@@ -74,6 +77,8 @@ class RayConf:
     gpus_per_slot: float | None = None  # null: tensor_parallel_size on GPU clusters, 0 on CPU
     cpus_per_slot: float = 1.0
     start_timeout_s: float = 300.0  # every slot's actor must be placed within this, or the sweep stops early
+    job_timeout_s: float = 1800.0  # a replicate of flags not seen yet must answer within this (start included)
+    job_timeout_factor: float = 10.0  # ... and flags seen before within this many times their longest (>= 60 s)
 
 
 @dataclass

@@ -24,36 +24,74 @@ def _now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
-def percentiles(values: list[float]) -> dict[str, float | None]:
+def percentiles(values: list[float]) -> dict[str, float | int | None]:
+    """p50/p95/p99 and `n`, the samples they rest on (over 20 requests, p99 is the maximum)."""
     if not values:
-        return {"p50": None, "p95": None, "p99": None}
+        return {"p50": None, "p95": None, "p99": None, "n": 0}
     p50, p95, p99 = np.percentile(np.asarray(values, dtype=float), [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99)}
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(values)}
+
+
+LATE_NOTE_S = 0.005  # open loop: lateness beyond this (and beyond 10% of the median TTFT) is flagged
+
+
+def steady_window(result: DriveResult) -> tuple[float, int] | None:
+    """(seconds, output tokens) of a closed loop's steady part: from the start to the end of the last step that
+    began with the whole concurrency in flight. After it, the work drains: fewer requests are left than the
+    engine could run, so the tail's cost follows how the fixed work splits into waves, not the flags."""
+    if not result.full:
+        return None
+    end, tokens = None, 0
+    for step in result.steps:
+        if step.in_flight < result.full:
+            break
+        end, tokens = step.ended_s, tokens + step.tokens
+    return None if end is None or tokens == 0 else (end - result.started_s, tokens)
 
 
 def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str, Any]:
-    """The measured part of a record, from the driver's per-request timings."""
+    """The measured part of a record, from the driver's per-request and per-step timings."""
     done = [t for t in result.timings if t.finished_s is not None]
-    ttft = [t.first_token_s - t.submitted_s for t in done if t.first_token_s is not None]
-    itl = [(t.finished_s - t.first_token_s) / (t.output_tokens - 1)
-           for t in done if t.first_token_s is not None and t.output_tokens > 1]
-    e2e = [t.finished_s - t.submitted_s for t in done]
+    started = [t for t in done if t.first_token_s is not None]
+    ttft = [t.first_token_s - t.scheduled_s for t in started]  # from when it was due, not when it got in
+    tpot = [(t.finished_s - t.first_token_s) / (t.output_tokens - 1) for t in started if t.output_tokens > 1]
+    itl = [b - a for t in done for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
+    e2e = [t.finished_s - t.scheduled_s for t in done]
+    late = [t.submitted_s - t.scheduled_s for t in result.timings]
     input_tokens = sum(t.prompt_tokens for t in done)
     output_tokens = sum(t.output_tokens for t in done)
     wall_s = result.wall_s
-    return {
+    out: dict[str, Any] = {
         "wall_s": wall_s,
         "requests_completed": len(done),
         "requests_failed": len(result.timings) - len(done),
+        "requests_wrong_length": sum(1 for t in done if t.output_tokens != t.output_len),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
+        # closed loop: cost of this fixed work; open loop: cost at the offered load (follows the arrivals)
+        "cost_basis": "fixed_work" if spec.loop == "closed" else "offered_load",
         "usd_per_mtok": usd_per_mtok(price, wall_s, output_tokens),
-        "usd_per_mtok_input": usd_per_mtok(price, wall_s, input_tokens),
+        # every token the engine processed (prompt + output) over the same wall time; not an input/output split
         "usd_per_mtok_total": usd_per_mtok(price, wall_s, input_tokens + output_tokens),
         "peak_kv_cache_usage": result.peak_kv_cache_usage,
-        "latency_s": {"ttft": percentiles(ttft), "itl": percentiles(itl), "e2e": percentiles(e2e)},
+        "latency_s": {"ttft": percentiles(ttft), "tpot": percentiles(tpot), "itl": percentiles(itl),
+                      "e2e": percentiles(e2e)},
     }
+    window = steady_window(result)
+    if window is not None:
+        seconds, tokens = window
+        out["steady"] = {"usd_per_mtok": usd_per_mtok(price, seconds, tokens), "window_s": seconds,
+                         "output_tokens": tokens, "drain_share": 1 - seconds / wall_s if wall_s > 0 else 0.0,
+                         "in_flight": result.full}
+    if spec.loop == "open":
+        out["lateness_s"] = {**percentiles(late), "max": max(late) if late else None}
+        p50_ttft = out["latency_s"]["ttft"]["p50"] or 0.0
+        if late and out["lateness_s"]["p99"] > max(LATE_NOTE_S, 0.1 * p50_ttft):
+            out.setdefault("notes", []).append(
+                f"requests reached the engine late (p99 {out['lateness_s']['p99'] * 1e3:.1f} ms after their arrival: "
+                "the driver adds them between engine steps); latency counts from the arrival, so it includes this")
+    return out
 
 
 def record_header(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price, *, run_id: str,
@@ -103,14 +141,22 @@ def measure_replicate(
     try:
         session = engine.start(flags)
         record["engine_start_s"] = session.start_seconds
-        if spec.warmup_requests:
-            drive(session, make_requests(spec, warmup=True), loop="closed", concurrency=spec.concurrency)
+        warmup = make_requests(spec, warmup=True)
+        if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
+            drive(session, warmup, loop="closed", concurrency=spec.concurrency)
         before = session.preemptions()
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency)
         record.update(summarise(result, spec, price))
         record["preemptions"] = session.preemptions() - before
-        record["status"] = "ok" if record["requests_failed"] == 0 else "failed"
-        record["reason"] = None if record["status"] == "ok" else f"{record['requests_failed']} requests did not finish"
+        record["status"], record["reason"] = "ok", None
+        if record["requests_failed"]:
+            record.update(status="failed", reason=f"{record['requests_failed']} requests did not finish")
+        elif record["requests_wrong_length"]:
+            wrong = next(t for t in result.timings if t.output_tokens != t.output_len)
+            record.update(status="failed", reason=(
+                f"{record['requests_wrong_length']} requests did not produce exactly their output length (e.g. "
+                f"{wrong.request_id}: {wrong.output_tokens} of {wrong.output_len} tokens; cut short by "
+                "max_model_len?): not the fixed work asked for"))
     except (EngineStartError, EngineRunError) as exc:
         record.update(status="failed", reason=str(exc), stage="start" if session is None else "run")
     except Exception as exc:  # an engine bug must not take the sweep down; keep its trace in the record
@@ -131,7 +177,15 @@ def one_line(record: Mapping[str, Any], price: Price) -> str:
     if record["status"] != "ok":
         return f"FAILED ({record.get('stage', 'run')}): {record.get('reason')}"
     lat = record["latency_s"]
-    return (f"{record['output_tokens_per_s']:.1f} output tok/s  ${record['usd_per_mtok']:.4f}/M output tokens "
-            f"({price.label()})  preemptions={record['preemptions']}  "
-            f"p95 TTFT={lat['ttft']['p95'] * 1e3:.1f} ms  p95 ITL={lat['itl']['p95'] * 1e3:.2f} ms  "
-            f"p95 E2E={lat['e2e']['p95']:.3f} s")
+    steady = record.get("steady")
+    if steady:
+        cost = (f"${steady['usd_per_mtok']:.4f}/M output tokens steady ({price.label()}; "
+                f"${record['usd_per_mtok']:.4f}/M for the whole fixed work, {100 * steady['drain_share']:.0f}% of it "
+                "draining)")
+    else:
+        cost = f"${record['usd_per_mtok']:.4f}/M output tokens at the offered load ({price.label()})"
+    line = (f"{record['output_tokens_per_s']:.1f} output tok/s  {cost}  preemptions={record['preemptions']}  "
+            f"p95 TTFT={lat['ttft']['p95'] * 1e3:.1f} ms  p95 TPOT={lat['tpot']['p95'] * 1e3:.2f} ms  "
+            f"p95 ITL={lat['itl']['p95'] * 1e3:.2f} ms  p95 E2E={lat['e2e']['p95']:.3f} s  "
+            f"(percentiles of {lat['e2e']['n']} requests)")
+    return "\n".join([line, *(f"note: {n}" for n in record.get("notes", []))])

@@ -2,13 +2,17 @@
 
 The format is versioned (`schema_version`, "MAJOR.MINOR"): readers accept any minor version of the
 major versions they know and refuse the rest with a clear error, so old files never load silently wrong.
+A line is complete only with its newline: bytes after the last newline are a write that a crash cut short
+(it never returned, so nothing refers to it). Readers skip such a tail; the run's single writer opens the
+file through `RecordLog`, which cuts the tail out into a side file before appending anything after it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +39,59 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+class RecordLog:
+    """The records file of one run, opened by its single writer: the records already there, and `append`.
+
+    Opening repairs a torn tail (see the module docstring) by moving it to `<file>.torn-<time>` and telling
+    `say`, so the next append starts on a line of its own instead of joining the torn one."""
+
+    def __init__(self, path: Path, *, say: Callable[[str], None]) -> None:
+        self.path = path
+        kept = cut_torn_tail(path)
+        if kept is not None:
+            say(f"{path}: its last line was torn (a write cut short by a crash, never referred to); moved it "
+                f"to {kept} and measuring goes on after the last complete record")
+        self.records: list[dict[str, Any]] = read_records(path) if path.exists() else []
+
+    def append(self, record: dict[str, Any]) -> None:
+        append_record(self.path, record)
+        self.records.append(record)
+
+
+def cut_torn_tail(path: Path) -> Path | None:
+    """Truncate `path` after its last newline; the bytes cut go to a side file, whose path is returned."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end == len(data):
+        return None
+    kept = path.with_name(f"{path.name}.torn-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+    kept.write_bytes(data[end:])
+    with open(path, "r+b") as handle:
+        handle.truncate(end)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return kept
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     return list(iter_records(path))
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Valid records of a file. A torn last line (a crash mid-write) is skipped; any other bad line raises."""
+    """Valid records of a file. A torn tail (no newline: a crash mid-write) is skipped; any bad complete
+    line raises."""
     if not path.is_file():
         raise RecordError(f"{path}: no such records file")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")[:-1]  # the piece after the last newline is torn (or empty)
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            if lineno == len(lines) and not line.endswith("}"):
-                continue  # the write that was cut short never returned: nothing measured is lost
             raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
         check_record(record, where=f"{path}:{lineno}")
         yield record

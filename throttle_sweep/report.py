@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from throttle_sweep.analysis import Analysis
+from throttle_sweep.analysis import BASIS_LABEL, Analysis
 from throttle_sweep.cost import Price
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.stats import Observation, Thresholds, fit
@@ -21,7 +21,9 @@ def summary(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> 
         "thresholds": vars(thresholds),
         "price": None if price is None else {"usd_per_gpu_hour": price.usd_per_gpu_hour, "gpus": price.gpus,
                                              "assumed": True},
+        "cost_basis": analysis.basis,
         "replicates": [{"position": r["position"], "arm": r["arm"], "usd_per_mtok": r.get("usd_per_mtok"),
+                        "judged_usd_per_mtok": analysis.cost_of(r) if r.get("status", "ok") == "ok" else None,
                         "status": r.get("status", "ok"), "preemptions": r.get("preemptions"),
                         "record_id": r.get("record_id")} for r in analysis.records],
         "notes": analysis.notes,
@@ -42,8 +44,8 @@ def lines(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> li
     for arm in (BASELINE, CANDIDATE):
         cells = "".join(f"  ${c:.4g}" for _, c in analysis.costs(arm))
         out.append(f"{analysis.labels[arm]:<{width}} {cells}")
-    if price is not None:
-        out.append(f"($ per million output tokens, {price.label()})")
+    basis = BASIS_LABEL[analysis.basis]
+    out.append(f"($ per million output tokens, {basis}" + (f", {price.label()})" if price is not None else ")"))
     est = analysis.estimate
     level = 100 * (1 - thresholds.alpha)
     if est is not None:
@@ -67,9 +69,10 @@ def write(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Pric
     paths = {"json": out_dir / "summary.json", "md": out_dir / "summary.md"}
     paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True, default=float) + "\n")
     md = ["# Comparison", "", "```", *lines(analysis, thresholds, price), "```", "",
-          "| position | arm | $/M output tokens | status | preemptions |", "|---|---|---|---|---|"]
+          f"| position | arm | $/M output tokens ({BASIS_LABEL[analysis.basis]}) | status | preemptions |",
+          "|---|---|---|---|---|"]
     for r in data["replicates"]:
-        cost = "" if r["usd_per_mtok"] is None else f"{r['usd_per_mtok']:.4g}"
+        cost = "" if r["judged_usd_per_mtok"] is None else f"{r['judged_usd_per_mtok']:.4g}"
         md.append(f"| {r['position']} | {analysis.labels[r['arm']]} | {cost} | {r['status']} | {r['preemptions']} |")
     if plot and analysis.estimate is not None:
         paths["png"] = out_dir / "replicates.png"
@@ -98,7 +101,7 @@ def plot_replicates(analysis: Analysis, path: Path) -> None:
         ys = [math.exp(intercept + effect * (arm == CANDIDATE) + slope * (x - centre)) for x in xs]
         ax.plot(xs, ys, color=colour, linestyle="--", linewidth=1)
     ax.set_xlabel("run position")
-    ax.set_ylabel("$ per million output tokens (assumed price)")
+    ax.set_ylabel(f"$ per million output tokens, {BASIS_LABEL[analysis.basis]} (assumed price)")
     ax.set_title(f"{analysis.verdict}: ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}]")
     ax.legend()
     fig.tight_layout()

@@ -75,8 +75,23 @@ def _check_token_prompts(spec: WorkloadSpec) -> None:
                           "must be 'prompt_token_ids'; name a real model (engine.model=...) for text prompts")
 
 
+def folder_name(name: str, *, key: str) -> str:
+    """A name that makes one folder directly under results_dir: it may not leave it or nest."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ConfigError(f"{key} must be a plain folder name (no '/', not '.' or '..'), but got {name!r}")
+    return name
+
+
+def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> str | None:
+    """max_num_seqs above what a closed loop keeps in flight changes nothing: say so before measuring."""
+    seqs = flags.get("max_num_seqs")
+    if spec.loop == "closed" and seqs is not None and seqs > min(spec.concurrency, spec.num_requests):
+        return (f"{source}.max_num_seqs={seqs} is above the {min(spec.concurrency, spec.num_requests)} requests "
+                "workload.concurrency keeps in flight: the engine never runs more than that, so values above it "
+                "cannot differ; raise workload.concurrency (and num_requests)")
+    return None
+
+
 def run_dir(cfg: DictConfig, default_name: str | None = None) -> Path:
     name = cfg.run or default_name or f"{cfg.mode}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    if "/" in name or name in ("", ".", ".."):
-        raise ConfigError(f"run must be a plain folder name, but got {name!r}")
-    return Path(cfg.results_dir) / name
+    return Path(cfg.results_dir) / folder_name(name, key="run")

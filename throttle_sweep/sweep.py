@@ -1,9 +1,12 @@
 """The Optuna loop: propose flags, judge each candidate by interleaved replicates against the baseline on
-one slot, keep preemption as a constraint, then re-measure the best few head-to-head.
+one slot, keep preemption as a constraint, then re-measure the best few.
 
-Only this driver writes records (append + fsync, as each replicate arrives) and tells the study. A killed
-sweep resumes: trials left RUNNING are closed as interrupted and asked again with the same parameters under
-the same resume key, and the replicates they had already measured are taken from the records.
+Only this driver writes records (append + fsync, as each replicate arrives) and tells the study. What a
+comparison's records say decides what happens to it, in one run or after a resume (`settle`): complete, it
+is reused; left partial by an earlier driver, or stopped by a fault that is not the candidate's (a lost
+slot, a failed baseline), it starts again from scratch under a fresh key, so one comparison's replicates
+always come from one slot and one driver run. Trials a killed or interrupted driver left RUNNING are taken
+over by the next run before anything new is asked.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ class SweepSettings:
     usd_per_engine_hour: float = 1.39  # price x gpus, for the dollar budget
     max_preemptions: int = 0
     max_p95_ttft_s: float | None = None
-    max_p95_itl_s: float | None = None
+    max_p95_tpot_s: float | None = None  # per request: mean time per output token after the first
+    max_p95_itl_s: float | None = None  # pooled: every gap between a request's tokens (vLLM's ITL)
+    cost_basis: str = "steady"  # which cost per token is judged (analysis.COST_BASES)
     schedule: str = "aba-bab"
     replicates: int = 3
     schedule_seed: int = 0
@@ -46,6 +51,45 @@ class SweepSettings:
     token_tolerance: float = 0.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     multi_objective: bool = False  # minimise cost ratio and p95 end-to-end latency; report the Pareto front
+
+
+MAX_ATTEMPTS = 3  # a comparison stopped this often by faults that are not the candidate's is given up
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Why a comparison stopped early, and who is to blame: the candidate's flags, the baseline, or the slot."""
+
+    blame: str  # candidate | baseline | slot
+    record: dict[str, Any]
+
+    @property
+    def reason(self) -> str:
+        return f"{self.record['arm']}: {self.record.get('reason')}"
+
+
+def fault_of(records: Mapping[int, Mapping[str, Any]]) -> Fault | None:
+    """The first failed replicate of a comparison, with its blame; a lost slot (its node died, it hung, it was
+    killed for memory) is never the flags' fault, and a failed baseline is not the candidate's."""
+    for position in sorted(records):
+        record = records[position]
+        if record.get("status") != "ok":
+            if record.get("infrastructure"):
+                return Fault("slot", dict(record))
+            return Fault("baseline" if record["arm"] == BASELINE else "candidate", dict(record))
+    return None
+
+
+def settle(records: Mapping[int, Mapping[str, Any]], length: int) -> str:
+    """What the records of one comparison say: 'fresh' (nothing measured), 'complete' (every position, or
+    stopped by the candidate's own failure), or 'redo': stopped by a fault that is not the candidate's, or
+    left partial by an earlier driver (continuing it would mix engines, slots and a gap into one comparison)."""
+    if not records:
+        return "fresh"
+    fault = fault_of(records)
+    if fault is not None:
+        return "complete" if fault.blame == "candidate" else "redo"
+    return "complete" if len(records) == length else "redo"
 
 
 @dataclass
@@ -61,12 +105,22 @@ class Comparison:
     trial: optuna.trial.Trial | None = None
     source_trial: int | None = None  # confirm: the search trial re-measured
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    discarded: list[str] = field(default_factory=list)  # earlier comparisons of the same work, started afresh
+    faults: int = 0  # how many of those were stopped by faults that are not the candidate's
 
     def next_position(self) -> int | None:
         return next((p for p in range(len(self.order)) if p not in self.records), None)
 
-    def failed(self) -> dict[str, Any] | None:
-        return next((r for r in self.records.values() if r.get("status") != "ok"), None)
+    def fault(self) -> Fault | None:
+        return fault_of(self.records)
+
+    def done(self) -> bool:
+        return self.fault() is not None or self.next_position() is None
+
+    def retry(self) -> bool:
+        """Stopped by a fault that is not the candidate's, with attempts left: start again afresh."""
+        fault = self.fault()
+        return fault is not None and fault.blame != "candidate" and self.faults + 1 < MAX_ATTEMPTS
 
 
 @dataclass
@@ -85,6 +139,7 @@ class SweepResult:
     winner: Confirmation | None
     records: list[dict[str, Any]]
     pareto: list[optuna.trial.FrozenTrial] = field(default_factory=list)  # multi-objective only
+    cost_basis: str = "steady"  # which cost per token the ratios judge
 
 
 def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:
@@ -96,9 +151,8 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
     cand = [r for r in analysis.records if r["arm"] == CANDIDATE and r.get("status") == "ok"]
     est = analysis.estimate
     preempt = max((r.get("preemptions") or 0) for r in cand) if cand else 0
-    ttft = max((r["latency_s"]["ttft"]["p95"] or 0) for r in cand if "latency_s" in r) if cand else 0
-    itl = max((r["latency_s"]["itl"]["p95"] or 0) for r in cand if "latency_s" in r) if cand else 0
-    costs = [r["usd_per_mtok"] for r in cand]
+    ttft, tpot, itl = (max((_p95(r, metric) for r in cand), default=0.0) for metric in ("ttft", "tpot", "itl"))
+    costs = [analysis.cost_of(r) for r in cand]
     e2e = [r["latency_s"]["e2e"]["p95"] for r in cand if "latency_s" in r and r["latency_s"]["e2e"]["p95"]]
     attrs = {
         "verdict": analysis.verdict,
@@ -109,6 +163,7 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "baseline_preemptions": max((r.get("preemptions") or 0) for r in analysis.records
                                     if r["arm"] == BASELINE and r.get("status") == "ok"),
         "p95_ttft_s": ttft,
+        "p95_tpot_s": tpot,
         "p95_itl_s": itl,
         "p95_e2e_s": sum(e2e) / len(e2e) if e2e else None,  # the candidate's, mean over its replicates
         "usd_per_mtok": math.exp(sum(map(math.log, costs)) / len(costs)) if costs else None,
@@ -119,11 +174,17 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
     named = {"preemptions": float(preempt - settings.max_preemptions)}
     if settings.max_p95_ttft_s is not None:
         named["p95_ttft_s"] = ttft - settings.max_p95_ttft_s
+    if settings.max_p95_tpot_s is not None:
+        named["p95_tpot_s"] = tpot - settings.max_p95_tpot_s
     if settings.max_p95_itl_s is not None:
         named["p95_itl_s"] = itl - settings.max_p95_itl_s
     attrs["constraints"] = list(named.values())
     attrs["constraint_names"] = list(named)
     return attrs
+
+
+def _p95(record: Mapping[str, Any], metric: str) -> float:
+    return ((record.get("latency_s") or {}).get(metric) or {}).get("p95") or 0.0
 
 
 def where(record: Mapping[str, Any]) -> str:
@@ -167,11 +228,14 @@ class Sweep:
     def __init__(self, *, study: optuna.Study, distributions: Mapping[str, Any], base_flags: Mapping[str, Any],
                  baseline_flags: Mapping[str, Any], workload_key: Mapping[str, Any], pool: Pool,
                  write: Callable[[dict[str, Any]], None], existing: Sequence[dict[str, Any]],
-                 settings: SweepSettings, on_event: Callable[[str], None] = lambda _: None) -> None:
+                 settings: SweepSettings, grid: Sequence[Mapping[str, Any]] | None = None,
+                 on_event: Callable[[str], None] = lambda _: None) -> None:
         self.study, self.distributions, self.pool = study, dict(distributions), pool
         self.base_flags, self.baseline_flags = dict(base_flags), dict(baseline_flags)
         self.workload_key, self._write, self.settings, self.say = dict(workload_key), write, settings, on_event
+        self.grid = [dict(p) for p in grid] if grid is not None else None  # grid points, in the order to measure
         self.records: list[dict[str, Any]] = list(existing)
+        self.open: dict[int, optuna.trial.Trial] = {}  # trials asked or taken over, not yet told
         self.began = time.monotonic()
 
     # ---- plumbing ---------------------------------------------------------------------------------------
@@ -181,17 +245,25 @@ class Sweep:
 
     def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int
                    ) -> Comparison:
+        """The comparison to run for `key`, decided from the records (`settle`): a complete one is reused,
+        one to redo is left as it is and the work starts afresh under the next key ('trial-4' -> 'trial-4~1')."""
         arms = {BASELINE: dict(self.baseline_flags), CANDIDATE: {**self.base_flags, **params}}
         order = make_schedule(self.settings.schedule, replicates, seed=self.settings.schedule_seed)
-        cid = comparison_id(arms, order, {**self.workload_key, "key": key, "stage": stage})
-        done = measured_positions(self.records, cid)
-        return Comparison(key, stage, arms, order, cid, slot, records=done)
+        discarded, faults = [], 0
+        while True:
+            cid = comparison_id(arms, order, {**self.workload_key, "key": key, "stage": stage})
+            done = measured_positions(self.records, cid)
+            if settle(done, len(order)) != "redo":
+                return Comparison(key, stage, arms, order, cid, slot, records=done, discarded=discarded,
+                                  faults=faults)
+            discarded.append(cid)
+            faults += fault_of(done) is not None
+            key = retry_key(key)
 
-    def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
-                        restart: Callable[[Comparison], None]) -> None:
-        """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones.
-        A comparison's replicates all run on its slot, one after another. When a slot is lost under a
-        comparison (its node died), `restart` puts that work back to begin afresh on another slot."""
+    def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None]
+                        ) -> None:
+        """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones
+        (and may queue the work again, to start afresh). A comparison's replicates all run on its slot."""
         running: dict[int, Comparison] = {}
         exhausted = False
         while True:
@@ -203,7 +275,7 @@ class Sweep:
                     comp = start(slot)
                     if comp is None:
                         exhausted = True
-                    elif comp.next_position() is None or comp.failed():
+                    elif comp.done():
                         finish(comp)  # everything was measured before an interruption
                     else:
                         running[slot] = comp
@@ -213,17 +285,11 @@ class Sweep:
             for job, record in self.pool.wait():
                 comp = running[job.slot]
                 self.write(record)
-                if record.get("infrastructure"):
-                    del running[job.slot]
-                    self.say(f"{comp.stage} {comp.key}: slot {job.slot} lost ({record.get('reason')}); "
-                             "this comparison starts again on another slot")
-                    restart(comp)
-                    exhausted = False
-                    continue
                 comp.records[job.position] = record
-                if comp.failed() or comp.next_position() is None:
+                if comp.done():
                     del running[job.slot]
                     finish(comp)
+                    exhausted = False  # finish may have queued the work again
                 else:
                     self._submit(comp, running)
 
@@ -241,15 +307,19 @@ class Sweep:
         self.say(message)
         self.pool.submit(Job(comp.slot, comp.arms[arm], arm, position, context))
 
+    def _again(self, comp: Comparison) -> None:
+        fault = comp.fault()
+        self.say(f"{comp.stage} {comp.key}: stopped by a fault that is not the candidate's ({fault.blame}: "
+                 f"{fault.record.get('reason')}); it starts again from scratch "
+                 f"(attempt {comp.faults + 2} of {MAX_ATTEMPTS})")
+
     # ---- search -----------------------------------------------------------------------------------------
-    def close_interrupted(self) -> int:
-        """Trials a killed run left RUNNING: closed as failed, then asked again with the same key."""
-        stale = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
-        for t in stale:
-            self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)  # noqa: SLF001 - no public way
-            self.study.tell(t.number, state=TrialState.FAIL)
-            self.study.enqueue_trial(t.params, user_attrs={"resume_key": resume_key(t)}, skip_if_exists=False)
-        return len(stale)
+    def take_over(self) -> list[optuna.trial.Trial]:
+        """Trials an earlier driver left RUNNING (killed, interrupted, or out of slots): this run owns them now."""
+        stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        trials = [optuna.trial.Trial(self.study, t._trial_id) for t in stale]  # noqa: SLF001 - no public way
+        self.open.update({t.number: t for t in trials})
+        return trials
 
     def budget_left(self) -> str | None:
         """Why the search must stop now, or None."""
@@ -269,50 +339,81 @@ class Sweep:
         return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()
                    and not t.user_attrs.get("interrupted") and "duplicate_of" not in t.user_attrs)
 
+    def answered(self, params: Mapping[str, Any]) -> int | None:
+        """The trial that already answers for these flags: one in flight now, one that completed, or one whose
+        candidate failed. A failure that was not the candidate's (a lost slot, the baseline) answers nothing."""
+        for number, trial in self.open.items():
+            if trial.params == dict(params):
+                return number
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if t.params == dict(params) and "duplicate_of" not in t.user_attrs and (
+                    t.state == TrialState.COMPLETE or t.user_attrs.get("blame") == "candidate"):
+                return t.number
+        return None
+
+    def propose(self) -> optuna.trial.Trial | None:
+        """The next trial to measure: the next grid point not yet answered, or the sampler's proposal.
+        A proposal of flags already answered is closed at once as a repeat (never re-told as a new
+        observation, never measured again)."""
+        if self.grid is not None:
+            point = next((p for p in self.grid if self.answered(p) is None), None)
+            if point is None:
+                return None
+            self.study.enqueue_trial(point, skip_if_exists=False)
+        trial = self.study.ask(self.distributions)
+        twin = self.answered(trial.params)
+        if twin is not None:
+            trial.set_user_attr("duplicate_of", twin)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return None
+        self.open[trial.number] = trial
+        return trial
+
     def search(self) -> None:
-        self.close_interrupted()
-        in_flight = 0
+        queue = self.take_over()  # first, before anything new is asked
+        if queue:
+            self.say(f"resuming: {len(queue)} trial(s) an earlier run left in flight are measured first")
         asks_left = 5 * self.settings.n_trials + 20  # a sampler that only repeats itself must still end
 
         def start(slot: int) -> Comparison | None:
-            nonlocal in_flight
             nonlocal asks_left
-            while True:
-                if self.measured_trials() + in_flight >= self.settings.n_trials or self.budget_left() \
+            while not queue:
+                if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left() \
                         or asks_left <= 0:
                     return None
                 asks_left -= 1
-                trial = self.study.ask(self.distributions)
-                twin = self._twin(trial.params)
-                if twin is not None:  # the same flags were measured already: reuse, don't re-measure
-                    for key, value in twin.user_attrs.items():
-                        if key not in ("resume_key", "interrupted"):
-                            trial.set_user_attr(key, value)
-                    trial.set_user_attr("duplicate_of", twin.number)
-                    if twin.state == TrialState.COMPLETE:
-                        set_constraints(trial, twin.user_attrs)
-                        self.study.tell(trial, twin.values)
-                    else:
-                        self.study.tell(trial, state=TrialState.FAIL)
-                    continue
-                comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot)
-                comp.trial = trial
-                in_flight += 1
-                return comp
+                trial = self.propose()
+                if trial is None and self.grid is not None and self.answered_all_grid():
+                    return None
+                if trial is not None:
+                    queue.append(trial)
+            trial = queue.pop(0)
+            comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot)
+            comp.trial = trial
+            return comp
 
         def finish(comp: Comparison) -> None:
-            nonlocal in_flight
-            in_flight -= 1
             trial = comp.trial
-            failure = comp.failed()
-            if failure is not None:
+            if comp.retry():
+                self._again(comp)
+                queue.insert(0, trial)
+                return
+            del self.open[trial.number]
+            if comp.discarded:
+                trial.set_user_attr("discarded_comparisons", comp.discarded)
+            fault = comp.fault()
+            if fault is not None:
+                why = fault.reason if fault.blame == "candidate" else \
+                    f"not the candidate's fault, {comp.faults + 1} attempts: {fault.reason}"
                 trial.set_user_attr("status", "failed")
-                trial.set_user_attr("reason", f"{failure['arm']}: {failure.get('reason')}")
+                trial.set_user_attr("blame", fault.blame)
+                trial.set_user_attr("reason", why)
+                trial.set_user_attr("comparison", comp.id)
                 self.study.tell(trial, state=TrialState.FAIL)
-                self.say(f"trial {trial.number} {trial.params}: FAILED ({failure['arm']}: {failure.get('reason')})")
+                self.say(f"trial {trial.number} {trial.params}: FAILED ({why})")
                 return
             analysis = analyse(list(comp.records.values()), self.settings.thresholds,
-                               token_tolerance=self.settings.token_tolerance)
+                               token_tolerance=self.settings.token_tolerance, cost=self.settings.cost_basis)
             attrs = trial_summary(analysis, self.settings)
             for key, value in {**attrs, "status": "ok", "comparison": comp.id}.items():
                 trial.set_user_attr(key, value)
@@ -325,28 +426,18 @@ class Sweep:
                 self.study.tell(trial, [analysis.estimate.ratio, attrs["p95_e2e_s"]])
             else:
                 self.study.tell(trial, analysis.estimate.ratio)
-            flag = "feasible" if attrs["constraints"][0] <= 0 else f"INFEASIBLE ({attrs['preemptions']} preemptions)"
+            broken = [name for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True)
+                      if value > 0]
+            flag = "feasible" if not broken else f"INFEASIBLE ({', '.join(broken)} over the limit)"
             best = self.best()
             self.say(f"trial {trial.number} {trial.params}: ratio {attrs['ratio']:.3f} "
                      f"[{attrs['ci'][0]:.3f}, {attrs['ci'][1]:.3f}] {analysis.verdict}, {flag}; best so far: "
                      f"{best.params if best else None}")
 
-        def restart(comp: Comparison) -> None:
-            nonlocal in_flight
-            in_flight -= 1
-            comp.trial.set_user_attr("interrupted", True)  # its slot was lost: not the candidate's doing
-            self.study.tell(comp.trial, state=TrialState.FAIL)
-            self.study.enqueue_trial(comp.trial.params, user_attrs={"resume_key": retry_key(comp.key)},
-                                     skip_if_exists=False)
+        self.run_comparisons(start, finish)
 
-        self.run_comparisons(start, finish, restart)
-
-    def _twin(self, params: Mapping[str, Any]) -> optuna.trial.FrozenTrial | None:
-        for t in self.study.get_trials(deepcopy=False):
-            if t.params == dict(params) and t.state in (TrialState.COMPLETE, TrialState.FAIL) \
-                    and not t.user_attrs.get("interrupted"):
-                return t
-        return None
+    def answered_all_grid(self) -> bool:
+        return self.grid is not None and all(self.answered(p) is not None for p in self.grid)
 
     def best(self) -> optuna.trial.FrozenTrial | None:
         ranked = self.ranked(1)
@@ -379,29 +470,31 @@ class Sweep:
         adjusted = Thresholds(self.settings.thresholds.alpha / family, self.settings.thresholds.min_effect,
                               self.settings.thresholds.equivalence_margin)
         results: list[Confirmation] = []
-
-        queue = [(t, f"confirm-{resume_key(t)}") for t in todo]
+        queue = list(todo)
 
         def start(slot: int) -> Comparison | None:
             if not queue:
                 return None
-            t, key = queue.pop(0)
-            comp = self.comparison(key, "confirm", t.params, self.settings.confirm_replicates, slot)
+            t = queue.pop(0)
+            comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
+                                   self.settings.confirm_replicates, slot)
             comp.source_trial = t.number
             return comp
 
-        def restart(comp: Comparison) -> None:
-            queue.insert(0, (self.study.trials[comp.source_trial], retry_key(comp.key)))
-
         def finish(comp: Comparison) -> None:
+            if comp.retry():
+                self._again(comp)
+                queue.insert(0, self.study.trials[comp.source_trial])
+                return
             analysis = analyse(list(comp.records.values()), self.settings.thresholds,
-                               token_tolerance=self.settings.token_tolerance)
+                               token_tolerance=self.settings.token_tolerance, cost=self.settings.cost_basis)
             params = self.study.trials[comp.source_trial].params
             # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates
-            quoted = analyse(list(comp.records.values()), adjusted, token_tolerance=self.settings.token_tolerance)
+            quoted = analyse(list(comp.records.values()), adjusted, token_tolerance=self.settings.token_tolerance,
+                             cost=self.settings.cost_basis)
             results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted))
 
-        self.run_comparisons(start, finish, restart)
+        self.run_comparisons(start, finish)
         results.sort(key=lambda c: c.source_trial)
         ok = [c for c in results if c.analysis.estimate is not None]
         alpha = self.settings.thresholds.alpha / 2  # CHEAPER is one-sided at alpha/2
@@ -418,4 +511,5 @@ class Sweep:
         significant = [c for c in confirmations if c.significant]
         winner = min(significant, key=lambda c: c.analysis.estimate.ratio) if significant else None
         return SweepResult(self.study, confirmations, winner, self.records,
-                           pareto=self.pareto() if self.settings.multi_objective else [])
+                           pareto=self.pareto() if self.settings.multi_objective else [],
+                           cost_basis=self.settings.cost_basis)

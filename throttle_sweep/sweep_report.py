@@ -9,6 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.sweep import SweepResult, cost, feasible
 
@@ -64,13 +65,14 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
         if r["duplicate_of"] is not None:
-            status += f" (same flags as trial {r['duplicate_of']})"
+            status = f"repeat of trial {r['duplicate_of']} (not measured again)"
         if r["reason"]:
             status += f": {r['reason'][:80]}"
         slot = f"{r['ran_on'] or '-':<26}" if many else ""
         out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
                    f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {slot}{status}")
-    out.append(f"($ per million output tokens, {price.label()}; ratio = candidate/baseline, drift-aware)")
+    out.append(f"($ per million output tokens, {BASIS_LABEL[result.cost_basis]}, {price.label()}; "
+               "ratio = candidate/baseline, drift-aware)")
     out.extend(boundary(result.study))
     if result.pareto:
         out.append("Pareto front of feasible trials (cost ratio vs the candidate's p95 end-to-end latency):")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -28,9 +28,13 @@ class WorkloadSpec:
     concurrency: int = 8  # closed loop: requests kept in flight
     rate: float | None = None  # open loop: Poisson arrivals per second
     jsonl: str | None = None  # prompts from a file: {"prompt_token_ids": [...] | "prompt": "...", "output_len": N}
-    warmup_requests: int = 4
+    warmup_requests: int | None = None  # null: one full batch (`concurrency` requests)
+    warmup_output_len: int = 16  # warm-up requests are short: they warm every batch size, not the clock
     seed: int = 0
     vocab_limit: int = 1000  # synthetic token ids are drawn below this (valid for any real vocabulary)
+
+    def warmup_count(self) -> int:
+        return self.concurrency if self.warmup_requests is None else self.warmup_requests
 
     def check(self, *, max_model_len: int | None, source: str = "workload") -> None:
         """Raise ConfigError naming the key for any value that cannot describe a fixed workload."""
@@ -39,8 +43,12 @@ class WorkloadSpec:
         for key, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{source}.{key} must be a positive integer, but got {value!r}")
-        if not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
-            raise ConfigError(f"{source}.warmup_requests must be >= 0, but got {self.warmup_requests!r}")
+        if self.warmup_requests is not None and (not isinstance(self.warmup_requests, int)
+                                                 or self.warmup_requests < 0):
+            raise ConfigError(f"{source}.warmup_requests must be >= 0 (or null), but got {self.warmup_requests!r}")
+        if not isinstance(self.warmup_output_len, int) or self.warmup_output_len <= 0:
+            raise ConfigError(f"{source}.warmup_output_len must be a positive integer, but got "
+                              f"{self.warmup_output_len!r}")
         if self.length_dist not in ("fixed", "uniform"):
             raise ConfigError(f"{source}.length_dist must be 'fixed' or 'uniform', but got {self.length_dist!r}")
         if not 0 <= self.length_spread < 1:
@@ -68,13 +76,14 @@ def _length(rng: random.Random, spec: WorkloadSpec, mean: int) -> int:
 def make_requests(spec: WorkloadSpec, *, warmup: bool = False) -> list[Request]:
     """The measured request set (or the warm-up set), identical for every replicate with the same spec."""
     rng = random.Random(spec.seed + (7919 if warmup else 0))
-    count = spec.warmup_requests if warmup else spec.num_requests
+    count = spec.warmup_count() if warmup else spec.num_requests
     prefix = "warmup-" if warmup else "req-"
     if spec.jsonl is not None and not warmup:
         rows = _read_jsonl(Path(spec.jsonl), spec)
     else:
+        out_len = min(spec.output_len, spec.warmup_output_len) if warmup else spec.output_len
         rows = [(tuple(rng.randrange(10, spec.vocab_limit) for _ in range(_length(rng, spec, spec.prompt_len))),
-                 None, _length(rng, spec, spec.output_len)) for _ in range(count)]
+                 None, _length(rng, spec, out_len)) for _ in range(count)]
     arrival, requests = 0.0, []
     for i, (token_ids, text, output_len) in enumerate(rows):
         if spec.loop == "open" and not warmup and i > 0:
@@ -111,10 +120,20 @@ def _read_jsonl(path: Path, spec: WorkloadSpec) -> list[tuple]:
 class RequestTiming:
     request_id: str
     prompt_tokens: int
+    output_len: int  # what the request asked for: fixed work means it produces exactly this many
     output_tokens: int = 0
-    submitted_s: float = 0.0
+    scheduled_s: float = 0.0  # when it was due: its arrival (open loop), or its submission (closed loop)
+    submitted_s: float = 0.0  # when the driver handed it to the engine (open loop: between steps, so late)
     first_token_s: float | None = None
     finished_s: float | None = None
+    token_times: list[float] = field(default_factory=list)  # end of every step that gave it tokens
+
+
+@dataclass(frozen=True)
+class Step:
+    ended_s: float
+    in_flight: int  # requests in flight (submitted, not finished) when the step began
+    tokens: int  # output tokens the step produced
 
 
 @dataclass
@@ -123,6 +142,8 @@ class DriveResult:
     started_s: float
     finished_s: float
     peak_kv_cache_usage: float
+    steps: list[Step] = field(default_factory=list)
+    full: int = 0  # closed loop: the in-flight count that means "the engine sees the whole concurrency"
 
     @property
     def wall_s(self) -> float:
@@ -131,17 +152,22 @@ class DriveResult:
 
 def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, concurrency: int) -> DriveResult:
     """Push every request through the session: a closed loop keeps `concurrency` in flight; an open loop
-    submits each at its arrival offset. Returns per-request timings on the session's clock."""
+    submits each at its arrival offset (it can only do so between steps, so it records when each was due:
+    latency counts from then). Returns per-request and per-step timings on the session's clock."""
     pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
     pending.reverse()  # pop() from the end = next request in order
     timings: dict[str, RequestTiming] = {}
+    steps: list[Step] = []
     in_flight, peak_kv = 0, 0.0
     started = session.now()
 
     def submit(request: Request) -> None:
         nonlocal in_flight
         session.add(request)
-        timings[request.id] = RequestTiming(request.id, request.prompt_len, submitted_s=session.now())
+        now = session.now()
+        due = started + request.arrival_s if loop == "open" else now
+        timings[request.id] = RequestTiming(request.id, request.prompt_len, request.output_len, scheduled_s=due,
+                                            submitted_s=now)
         in_flight += 1
 
     while pending or in_flight:
@@ -154,11 +180,16 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
             if not in_flight:
                 session.wait_until(started + pending[-1].arrival_s)
                 continue
+        began_with = in_flight
         events = session.step()
         now = session.now()
         peak_kv = max(peak_kv, session.kv_cache_usage())
+        produced = 0
         for event in events:
             timing = timings[event.request_id]
+            if event.output_tokens > timing.output_tokens:
+                produced += event.output_tokens - timing.output_tokens
+                timing.token_times.append(now)
             timing.output_tokens = event.output_tokens
             if event.prompt_tokens:
                 timing.prompt_tokens = event.prompt_tokens
@@ -167,4 +198,6 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
             if event.finished:
                 timing.finished_s = now
                 in_flight -= 1
-    return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv)
+        steps.append(Step(now, began_with, produced))
+    full = min(concurrency, len(requests)) if loop == "closed" else 0
+    return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv, steps, full)

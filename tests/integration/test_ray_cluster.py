@@ -25,6 +25,7 @@ from rich.console import Console
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.records import read_records
+from throttle_sweep.sweep import MAX_ATTEMPTS
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,8 +113,11 @@ def test_two_node_cluster_runs_four_trials_at_once_and_agrees_with_one_slot(clus
     assert most_at_once(records) == 4
     places = {(r["placement"]["node_id"], tuple(r["placement"]["gpu_ids"])) for r in records}
     assert len({node for node, _ in places}) == 2 and {gpus for _, gpus in places} == {("0",), ("1",)}
-    assert all(len(t.user_attrs["ran_on"]) == 1 for t in study.trials if t.state == TrialState.COMPLETE), \
-        "a trial's baseline and candidate replicates must share one slot"
+    actors = {}
+    for r in records:
+        actors.setdefault(r["comparison"], set()).add(r["placement"]["actor_id"])
+    assert all(len(actors[t.user_attrs["comparison"]]) == 1 for t in study.trials if t.state == TrialState.COMPLETE), \
+        "a trial's baseline and candidate replicates must share one slot: one actor, one engine process"
     code, single, _ = run_sweep(tmp_path, "study.n_trials=8", name="one")
     assert code == 0
     assert study.user_attrs["winner"]["params"] == single.user_attrs["winner"]["params"]
@@ -126,8 +130,9 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
 
     def kill_a_measuring_actor():
         for p in psutil.process_iter(["pid", "cmdline"]):
+            # Ray titles an actor's process with the task it runs: this one is inside measure() now
             if (p.info["cmdline"] or [""])[0].startswith("ray::SlotActor.measure"):
-                victims.append(p.info["pid"])
+                victims.append((p.info["pid"], dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")))
                 p.kill()
                 return True
         return False
@@ -137,12 +142,14 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
                                      f"ray.address={cluster.address}", name="kill")
     watcher.join(timeout=1)
     assert code == 0 and len(victims) == 1
+    (victim, killed_at), = victims
     lost = [r for r in records if r["status"] == "failed"]
-    assert len(lost) == 1 and "process died" in lost[0]["reason"] and lost[0]["placement"]["pid"] == victims[0]
+    assert len(lost) == 1 and "process died" in lost[0]["reason"] and lost[0]["placement"]["pid"] == victim
+    assert lost[0]["started_at"] < killed_at < lost[0]["ended_at"], "the kill landed mid-replicate"
     failed = [t for t in study.trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and "process died" in failed[0].user_attrs["reason"]
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 7
-    assert any(r["slot"] == lost[0]["slot"] and r["placement"]["pid"] != victims[0] for r in records), \
+    assert any(r["slot"] == lost[0]["slot"] and r["placement"]["pid"] != victim for r in records), \
         "the slot should have gone on with a new actor"
     assert_complete_comparisons(study, records)
 
@@ -156,6 +163,47 @@ def test_a_candidate_that_kills_its_engine_process_fails_only_its_own_trial(clus
     assert sorted(t.params["max_num_seqs"] for t in study.trials if t.state == TrialState.COMPLETE) == [1, 2, 3, 4, 5, 6]
     assert study.user_attrs["winner"]["params"]["max_num_seqs"] <= 6
     assert all(r["arm"] == "candidate" and "process died" in r["reason"] for r in records if r["status"] != "ok")
+
+
+def test_a_hung_engine_is_ended_at_its_deadline_and_blamed_on_the_slot_not_the_candidate(cluster, tmp_path):
+    began = time.monotonic()
+    code, study, records = run_sweep(tmp_path, "study.n_trials=4", "space.max_num_seqs.high=4", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", "+fake.hang_when.max_num_seqs=3",
+                                     "ray.job_timeout_s=8", name="hang")
+    assert code == 0 and time.monotonic() - began < 150
+    hung = [r for r in records if r["status"] != "ok"]
+    assert len(hung) == MAX_ATTEMPTS and all(r["infrastructure"] and "no answer" in r["reason"] for r in hung)
+    [failed] = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert failed.params == {"max_num_seqs": 4} and failed.user_attrs["blame"] == "slot"
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 3 and study.user_attrs["winner"]
+
+
+def test_an_actor_that_died_idle_is_not_blamed_on_the_next_replicate(cluster, tmp_path):
+    from throttle_sweep.cluster import make_ray_pool
+    from throttle_sweep.pool import Job
+    from throttle_sweep.settings import engine_from, price_from, workload_from
+
+    cfg = compose_cfg(*FAKE, "ray.enabled=true", f"ray.address={cluster.address}", "ray.slots=1", tmp_path=tmp_path)
+    pool, close = make_ray_pool(cfg, engine_from(cfg), workload_from(cfg), price_from(cfg), run_id="idle",
+                                out=tmp_path, say=lambda _: None)
+    try:
+        job = Job(0, {"max_num_seqs": 2, "max_model_len": 1024}, "candidate", 0, {"comparison": "c"})
+        pool.submit(job)
+        [(_, first)] = pool.wait()
+        assert first["status"] == "ok"
+        victim = psutil.Process(first["placement"]["pid"])
+        victim.kill()  # idle: its replicate is done and the next is not handed over yet
+        victim.wait(timeout=30)
+        time.sleep(1)
+        pool.submit(job)
+        [(_, second)] = pool.wait()
+        assert second["status"] == "failed" and second["infrastructure"] is True
+        assert "already dead" in second["reason"]
+        pool.submit(job)  # the slot goes on with a new actor
+        [(_, third)] = pool.wait()
+        assert third["status"] == "ok" and third["placement"]["pid"] != victim.pid
+    finally:
+        close()
 
 
 def test_worker_node_killed_mid_sweep_loses_nothing_and_the_sweep_finishes(cluster, tmp_path):
@@ -209,11 +257,32 @@ def wait_gone(pids, timeout: float) -> set[int]:
     return alive
 
 
+def assert_private_ray_is_locked_down(driver_pid: int, temp_dir: str) -> None:
+    """Every socket the driver's private Ray listens on is on loopback, and it demands a token that lives in
+    its own temp dir (mode 0600), whatever RAY_AUTH_MODE the user's environment had."""
+    tree = {driver_pid} | {p.pid for p in psutil.Process(driver_pid).children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in tree]
+    assert len(listening) >= 5, listening  # GCS, raylet (2), workers, agents: there is something to check
+    exposed = [(c.pid, c.laddr) for c in listening if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert not exposed, f"private Ray listening beyond loopback: {exposed}"
+    token = Path(temp_dir) / "auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    raylet = next(p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] in tree
+                  and "raylet" in " ".join(p.info["cmdline"] or []))
+    assert raylet.environ().get("RAY_AUTH_MODE") == "token"
+
+
+def default_sigint() -> None:
+    """A shell without job control starts background jobs with SIGINT ignored, and Python keeps it ignored:
+    give the driver the default, as a terminal would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_driver_stopped_by_signal_stops_cleanly_and_resumes(tmp_path, sig):
     records_path = tmp_path / "sig" / "replicates.jsonl"
     proc = subprocess.Popen(driver(tmp_path, "sig"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
     wait_for_records(records_path, 5, proc)
     tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     proc.send_signal(sig)
@@ -222,22 +291,28 @@ def test_driver_stopped_by_signal_stops_cleanly_and_resumes(tmp_path, sig):
     assert "Run the same command again to resume" in output
     assert not wait_gone(tree, 60), "the driver left Ray or engine processes running"
     study = optuna.load_study(study_name="sig", storage=f"sqlite:///{tmp_path / 'sig' / 'study.db'}")
-    assert not [t for t in study.trials if t.state == TrialState.RUNNING], "the study was left inconsistent"
+    in_flight = [t.number for t in study.trials if t.state == TrialState.RUNNING]  # left for the next run
+    assert not [t for t in study.trials if t.state == TrialState.FAIL], "a stop is nobody's failure"
     before = read_records(records_path)
     subprocess.run(driver(tmp_path, "sig"), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     after = read_records(records_path)
     assert after[: len(before)] == before
     study = optuna.load_study(study_name="sig", storage=f"sqlite:///{tmp_path / 'sig' / 'study.db'}")
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 6
+    assert all(study.trials[n].state == TrialState.COMPLETE for n in in_flight), "taken over and finished"
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL)]
     assert_complete_comparisons(study, after)
 
 
 def test_driver_sigkilled_leaves_no_engines_and_resumes_without_repeats(tmp_path):
     records_path = tmp_path / "k9" / "replicates.jsonl"
-    proc = subprocess.Popen(driver(tmp_path, "k9"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # the private Ray must demand a token all the same
+    proc = subprocess.Popen(driver(tmp_path, "k9"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
     wait_for_records(records_path, 5, proc)
     tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     leftovers = json.loads((tmp_path / "k9" / "ray-local.json").read_text())
+    assert_private_ray_is_locked_down(proc.pid, leftovers["temp_dir"])
     proc.kill()
     proc.wait()
     engines = {r["placement"]["pid"] for r in read_records(records_path)}

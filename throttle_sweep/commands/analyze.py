@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import analyse, check_positions, load_input
+from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input
 from throttle_sweep.commands.compare import thresholds_from
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
@@ -18,6 +18,8 @@ def run(cfg: DictConfig, console: Console) -> int:
     if not cfg.input:
         raise ConfigError("mode=analyze needs input=PATH (replicates.jsonl, or a CSV/JSONL of arm, order, usd_per_mtok)")
     thresholds = thresholds_from(cfg)
+    if cfg.compare.cost not in COST_BASES:
+        raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {cfg.compare.cost!r}")
     path = Path(cfg.input)
     records = load_input(path)
     groups: dict[str | None, list[dict]] = {}
@@ -28,7 +30,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         check_positions(group, str(path))
         first = group[0]
         price = (Price(first["usd_per_gpu_hour"], first["gpus"]) if "usd_per_gpu_hour" in first else None)
-        analysis = analyse(group, thresholds, token_tolerance=cfg.compare.token_tolerance, strict=True)
+        analysis = analyse(group, thresholds, token_tolerance=cfg.compare.token_tolerance, strict=True,
+                           cost=cfg.compare.cost)
         if len(groups) > 1:
             console.print(f"[bold]comparison {comparison}[/]")
         for line in lines(analysis, thresholds, price):

@@ -8,15 +8,18 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep.analysis import analyse, arm_labels
+from throttle_sweep.analysis import COST_BASES, analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
+from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import measure_replicate
 from throttle_sweep.progress import Progress
-from throttle_sweep.records import append_record, read_records
+from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
+from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
 from throttle_sweep.settings import (
     arm_flags,
+    concurrency_note,
     engine_from,
     plain,
     preflight,
@@ -33,35 +36,57 @@ def thresholds_from(cfg: DictConfig) -> Thresholds:
     return t
 
 
+def cost_basis_from(cfg: DictConfig) -> str:
+    """The cost a verdict judges; an open loop's cost follows its arrival schedule, not the engine, so it is
+    judged only when asked for by name."""
+    basis, loop = cfg.compare.cost, cfg.workload.loop
+    if basis not in COST_BASES:
+        raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {basis!r}")
+    if loop == "open" and basis != "offered_load":
+        raise ConfigError(
+            f"workload.loop=open with compare.cost={basis}: an open loop's cost per token follows the arrival "
+            "rate (the engine idles between arrivals), not the flags; judge cost on a closed loop "
+            "(workload=closed_loop), keep the open loop for latency limits in mode=measure, or set "
+            "compare.cost=offered_load to judge cost at this offered load on purpose")
+    if loop == "closed" and basis == "offered_load":
+        raise ConfigError("compare.cost=offered_load needs workload.loop=open; a closed loop has no offered load")
+    return basis
+
+
 def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine, thresholds = price_from(cfg), workload_from(cfg), engine_from(cfg), thresholds_from(cfg)
+    basis = cost_basis_from(cfg)
     base = plain(cfg.engine)
     arms = {BASELINE: arm_flags(base, plain(cfg.baseline)), CANDIDATE: arm_flags(base, plain(cfg.candidate))}
     for arm, flags in arms.items():
         preflight(engine, flags, spec, source=arm)
+        if (note := concurrency_note(flags, spec, source=arm)) is not None:
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
     order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed)
     out = run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml")
-    path = out / "replicates.jsonl"
-    comparison = comparison_id(arms, order, {"workload": asdict(spec), "backend": cfg.backend})
-    done = measured_positions(read_records(path), comparison) if path.exists() else {}
-    labels = arm_labels(arms[BASELINE], arms[CANDIDATE])
-    console.print(f"compare {labels[BASELINE]} vs {labels[CANDIDATE]}: order "
-                  f"{' '.join('B' if a == BASELINE else 'C' for a in order)} ({cfg.compare.schedule}) -> {path}")
-    if done:
-        console.print(f"resuming: {len(done)} of {len(order)} replicates already measured")
-    environment = engine.environment()
-    measure = partial(_measure, engine, spec, price, run_id=out.name, environment=environment,
-                      context={"comparison": comparison, "schedule": cfg.compare.schedule})
-    progress = Progress(console, len(order) - len(done))
-    records = run_schedule(
-        measure, arms, order, write=partial(append_record, path), done=done,
-        progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
-    analysis = analyse(records, thresholds, token_tolerance=cfg.compare.token_tolerance, labels=labels)
-    for line in lines(analysis, thresholds, price):
-        console.print(line, highlight=False)
-    paths = write(out, analysis, thresholds, price, plot=cfg.plots)
+    with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
+        OmegaConf.save(cfg, out / "config.yaml")
+        log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
+        comparison = comparison_id(arms, order, {"workload": asdict(spec), "backend": cfg.backend})
+        done = measured_positions(log.records, comparison)
+        labels = arm_labels(arms[BASELINE], arms[CANDIDATE])
+        console.print(f"compare {labels[BASELINE]} vs {labels[CANDIDATE]}: order "
+                      f"{' '.join('B' if a == BASELINE else 'C' for a in order)} ({cfg.compare.schedule}) -> "
+                      f"{log.path}")
+        if done:
+            console.print(f"resuming: {len(done)} of {len(order)} replicates already measured")
+        environment = engine.environment()
+        measure = partial(_measure, engine, spec, price, run_id=out.name, environment=environment,
+                          context={"comparison": comparison, "schedule": cfg.compare.schedule})
+        progress = Progress(console, len(order) - len(done))
+        records = run_schedule(
+            measure, arms, order, write=log.append, done=done,
+            progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
+        analysis = analyse(records, thresholds, token_tolerance=cfg.compare.token_tolerance, labels=labels,
+                           cost=basis)
+        for line in lines(analysis, thresholds, price):
+            console.print(line, highlight=False)
+        paths = write(out, analysis, thresholds, price, plot=cfg.plots)
     console.print(f"summary: {paths['md']}")
     return 0
 

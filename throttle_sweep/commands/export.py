@@ -11,6 +11,7 @@ from rich.console import Console
 
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.export import export_best
+from throttle_sweep.runlock import hold
 from throttle_sweep.settings import arm_flags, engine_from, plain
 
 
@@ -40,7 +41,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise ConfigError(f"study.name={name!r}: no such study in {storage}") from None
-    paths = export_winner(cfg, engine_from(cfg), study, out)
+    with hold(out, what=f"study {name!r}"):  # not while a sweep of it is still writing
+        paths = export_winner(cfg, engine_from(cfg), study, out)
     for kind, path in paths.items():
         console.print(f"{kind}: {path}")
     return 0

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from throttle_sweep.measure import measure_replicate, one_line
-from throttle_sweep.records import append_record
+from throttle_sweep.records import RecordLog
+from throttle_sweep.runlock import hold
 from throttle_sweep.settings import (
     arm_flags,
+    concurrency_note,
     engine_from,
     plain,
     preflight,
@@ -22,13 +26,16 @@ def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
     flags = arm_flags(plain(cfg.engine))
     preflight(engine, flags, spec, source="engine")
+    if (note := concurrency_note(flags, spec, source="engine")) is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     out = run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml")
-    console.print(f"measuring {flags} on {engine.name} ...")
-    record = measure_replicate(engine, flags, spec, price, run_id=out.name, arm="measure", position=0)
-    path = out / "replicates.jsonl"
-    append_record(path, record)
+    with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
+        OmegaConf.save(cfg, out / "config.yaml")
+        log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
+        console.print(f"measuring {flags} on {engine.name} ...")
+        record = measure_replicate(engine, flags, spec, price, run_id=out.name, arm="measure",
+                                   position=len(log.records))
+        log.append(record)
     console.print(one_line(record, price))
-    console.print(f"record: {path}")
+    console.print(f"record: {log.path}")
     return 0 if record["status"] == "ok" else 1

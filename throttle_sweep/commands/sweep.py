@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import threading
 import warnings
@@ -12,18 +13,29 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep.commands.compare import thresholds_from
+from throttle_sweep.commands.compare import cost_basis_from, thresholds_from
 from throttle_sweep.commands.export import export_winner
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import measure_replicate
 from throttle_sweep.pool import LocalPool
 from throttle_sweep.progress import Progress
-from throttle_sweep.records import append_record, read_records
-from throttle_sweep.settings import arm_flags, engine_from, plain, preflight, price_from, workload_from
+from throttle_sweep.records import RecordLog
+from throttle_sweep.runlock import hold
+from throttle_sweep.settings import (
+    arm_flags,
+    concurrency_note,
+    engine_from,
+    folder_name,
+    plain,
+    preflight,
+    price_from,
+    workload_from,
+)
 from throttle_sweep.space import build_space, grid
 from throttle_sweep.sweep import NoSlotsLeft, Sweep, SweepSettings, resume_key
 from throttle_sweep.sweep_report import lines, write_report
@@ -52,16 +64,17 @@ def space_file(name: str) -> str:
 
 def study_location(cfg: DictConfig) -> tuple[str, Path, str]:
     """(study name, results folder, storage URL)."""
-    name = cfg.study.name or cfg.run or f"sweep-{space_name()}"
-    if "/" in name:
-        raise ConfigError(f"study.name must be a plain name, but got {name!r}")
+    name = folder_name(cfg.study.name or cfg.run or f"sweep-{space_name()}", key="study.name")
     out = Path(cfg.results_dir) / name
     storage = cfg.study.storage or f"sqlite:///{out / 'study.db'}"
     return name, out, storage
 
 
-def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool) -> optuna.samplers.BaseSampler:
+def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool, offset: int = 0
+                 ) -> optuna.samplers.BaseSampler:
     kind, seed = cfg.study.sampler, cfg.study.seed
+    if offset:  # a resumed study: a seed of its own, well mixed (nearby seeds can start alike)
+        seed = int(np.random.SeedSequence([seed, offset]).generate_state(1)[0])
 
     if kind == "tpe":
         startup = max(3, min(10, cfg.study.n_trials // 3))
@@ -71,7 +84,7 @@ def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool)
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    if kind == "grid":  # every grid point is enqueued (see enqueue_grid); the sampler only fills gaps
+    if kind == "grid":  # the sweep enqueues each grid point (see grid_points); the sampler only fills gaps
         grid(distributions)
         return optuna.samplers.RandomSampler(seed=seed)
     raise ConfigError(f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {kind!r}")
@@ -84,13 +97,14 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
             raise ConfigError(f"study.{key} must be at least {1 if key == 'n_trials' else 2}, but got {s[key]!r}")
     if s.confirm_top < 0 or s.max_preemptions < 0:
         raise ConfigError("study.confirm_top and study.max_preemptions must be >= 0")
-    for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_itl_s"):
+    for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_tpot_s", "max_p95_itl_s"):
         if s[key] is not None and s[key] <= 0:
             raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
     return SweepSettings(
         n_trials=s.n_trials, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
         usd_per_engine_hour=cfg.cost.usd_per_gpu_hour * cfg.cost.gpus, max_preemptions=s.max_preemptions,
-        max_p95_ttft_s=s.max_p95_ttft_s, max_p95_itl_s=s.max_p95_itl_s, schedule=cfg.compare.schedule,
+        max_p95_ttft_s=s.max_p95_ttft_s, max_p95_tpot_s=s.max_p95_tpot_s, max_p95_itl_s=s.max_p95_itl_s,
+        cost_basis=cost_basis_from(cfg), schedule=cfg.compare.schedule,
         replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
         thresholds=thresholds_from(cfg), multi_objective=s.multi_objective)
@@ -110,47 +124,61 @@ def run(cfg: DictConfig, console: Console) -> int:
     for flag, dist in distributions.items():  # the extremes of the space must pass the same checks
         for value in _extremes(dist):
             preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
-    if "max_num_seqs" in distributions and spec.loop == "closed":
+    if "max_num_seqs" in distributions:
         top = _extremes(distributions["max_num_seqs"])[-1]
-        if spec.concurrency < top:
-            console.print(f"[yellow]note:[/] workload.concurrency={spec.concurrency} keeps fewer requests in flight "
-                          f"than max_num_seqs can reach ({top}); values above {spec.concurrency} cannot differ")
-    out.mkdir(parents=True, exist_ok=True)
+        if (note := concurrency_note({"max_num_seqs": top}, spec, source=f"{source}: top of")) is not None:
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
+    with hold(out, what=f"study {name!r}"):  # one writer: records, study and leftovers are ours alone
+        return run_locked(cfg, console, name=name, out=out, storage=storage, distributions=distributions,
+                          base=base, baseline=baseline, spec=spec, engine=engine, price=price, settings=settings)
+
+
+def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, storage: str, distributions: dict[str, Any],
+               base: dict[str, Any], baseline: dict[str, Any], spec: Any, engine: Any, price: Any,
+               settings: SweepSettings) -> int:
+    say = partial(console.print, highlight=False)
     study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
     OmegaConf.save(cfg, out / "config.yaml")
-    path = out / "replicates.jsonl"
-    existing = read_records(path) if path.exists() else []
-
-    with stop_on_sigterm():
-        pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out,
-                                 say=lambda msg: console.print(msg, highlight=False))
+    log = RecordLog(out / "replicates.jsonl", say=say)
+    before = len(log.records)
+    closer = None
     try:
-        with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
+        with stop_on_sigterm():
+            pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say)
             sweep = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
-                               base=base, baseline=baseline, spec=spec, pool=pool, path=path, existing=existing,
-                               settings=settings)
-            try:
-                result = sweep.run()
-            except (KeyboardInterrupt, NoSlotsLeft) as exc:
-                sweep.close_interrupted()  # trials in flight: closed now, asked again with the same key on resume
-                why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
-                console.print(f"[bold yellow]{why}[/]: {len(sweep.records) - len(existing)} replicates measured in "
-                              f"this run, every one in {path}; the study is consistent. Run the same command again "
-                              "to resume.", highlight=False)
-                return 130 if isinstance(exc, KeyboardInterrupt) else 3
+                               base=base, baseline=baseline, spec=spec, pool=pool, log=log, settings=settings)
+            result = sweep.run()
+    except (KeyboardInterrupt, NoSlotsLeft) as exc:
+        with shielded():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
+            if closer is not None:
+                closer()
+                closer = None
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
+            say(f"[bold yellow]{why}[/]: {len(log.records) - before} replicates measured in this run, every one in "
+                f"{log.path}; trials in flight stay open and the next run takes them over. Run the same command "
+                "again to resume.")
+        return 130 if isinstance(exc, KeyboardInterrupt) else 3
     finally:
-        closer()
+        if closer is not None:
+            with shielded():
+                closer()
     for line in lines(result, price, settings.max_preemptions):
-        console.print(line, highlight=False)
+        say(line)
     report = write_report(out, result, price, settings.max_preemptions, plots=cfg.plots)
-    console.print(f"report: {report}")
-    if result.winner is not None:
-        est = (result.winner.adjusted or result.winner.analysis).estimate
-        study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
-                                       "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],
-                                       "key": resume_key(study.trials[result.winner.source_trial])})
-        paths = export_winner(cfg, engine, study, out)
-        console.print(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
+    say(f"report: {report}")
+    if result.winner is None:
+        study.set_user_attr("winner", None)  # an earlier run's winner is not this study's answer any more
+        if (out / "best").exists():
+            stale = out / f"best.superseded-{dt.datetime.now():%Y%m%d-%H%M%S}"
+            (out / "best").rename(stale)
+            say(f"no winner to export; the earlier export was moved to {stale}")
+        return 0
+    est = (result.winner.adjusted or result.winner.analysis).estimate
+    study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
+                                   "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],
+                                   "key": resume_key(study.trials[result.winner.source_trial])})
+    paths = export_winner(cfg, engine, study, out)
+    say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
     return 0
 
 
@@ -172,12 +200,11 @@ def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str
 
 def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: str, storage: str,
                distributions: dict[str, Any], base: dict[str, Any], baseline: dict[str, Any], spec: Any,
-               pool: Any, path: Path, existing: list[dict[str, Any]], settings: SweepSettings) -> Sweep:
-    """The driver around the study, with live progress; the sampler knows how many slots run at once."""
-    study.sampler = make_sampler(cfg, distributions, parallel=pool.size > 1)  # constant liar with >1 slot
+               pool: Any, log: RecordLog, settings: SweepSettings) -> Sweep:
+    """The driver around the study, with live progress; the sampler knows how many slots run at once, and a
+    resumed study gets a fresh seed (the same seed would propose the points it proposed last time again)."""
     previous = sum(1 for t in study.trials if t.state.is_finished())
-    if cfg.study.sampler == "grid":
-        enqueue_grid(study, distributions, seed=cfg.study.seed)
+    study.sampler = make_sampler(cfg, distributions, parallel=pool.size > 1, offset=len(study.trials))
     study.set_user_attr("space", plain(cfg.space))
     with warnings.catch_warnings():  # set_metric_names is "experimental"; it names the axes in optuna-dashboard
         warnings.simplefilter("ignore")
@@ -187,36 +214,48 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
                   f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
                   f"baseline {baseline}; study {storage}")
     if previous:
-        console.print(f"resuming: {previous} trials and {len(existing)} replicates already in the study")
+        console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
     total = settings.n_trials * 2 * settings.replicates + settings.confirm_top * 2 * settings.confirm_replicates
     progress = Progress(console, total)
     return Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
                  workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
-                 write=partial(append_record, path), existing=existing, settings=settings,
+                 write=log.append, existing=log.records, settings=settings,
+                 grid=grid_points(distributions, seed=cfg.study.seed) if cfg.study.sampler == "grid" else None,
                  on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else
                  console.print(msg, highlight=False))
 
 
-def enqueue_grid(study: optuna.Study, distributions: dict[str, Any], *, seed: int) -> None:
-    """Optuna's GridSampler stops the study from inside `tell`, which ask-and-tell loops cannot use; so the
-    grid is enqueued once, in a seeded shuffled order, and measured like any other trials."""
+def grid_points(distributions: dict[str, Any], *, seed: int) -> list[dict[str, Any]]:
+    """Every grid point in a seeded shuffled order. Optuna's GridSampler stops the study from inside `tell`,
+    which ask-and-tell loops cannot use; so the sweep enqueues the next unanswered point just before it asks,
+    which leaves no waiting trials behind and puts a resumed trial before new points."""
     import itertools
     import random
 
-    if study.user_attrs.get("grid_enqueued"):
-        return
     values = grid(distributions)
     points = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
     random.Random(seed).shuffle(points)
-    for point in points:
-        study.enqueue_trial(point)
-    study.set_user_attr("grid_enqueued", True)
+    return points
 
 
 def _extremes(dist: Any) -> list[Any]:
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return list(dist.choices)
     return [dist.low, dist.high]
+
+
+@contextmanager
+def shielded():
+    """Ctrl-C and SIGTERM are ignored for the body (clean-up that must finish); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager

@@ -54,6 +54,9 @@ class FakeKnobs:
     # flag -> the whole process dies (os._exit) a few steps into a run above this value: a segfault stand-in,
     # for slots that live in their own process (Ray actors, subprocesses), never in a test's own process
     exit_when: dict[str, int] = field(default_factory=dict)
+    # flag -> the engine hangs (sleeps for an hour) a few steps into a run above this value: a deadlock stand-in,
+    # for slots that live in their own process
+    hang_when: dict[str, int] = field(default_factory=dict)
     realtime: bool = False
     seed: int = 0
 
@@ -75,6 +78,7 @@ class FakeSession:
         self.waiting: deque[dict] = deque()
         self.running: list[dict] = []
         self.dies = any((flags.get(name) or 0) > limit for name, limit in knobs.exit_when.items())
+        self.hangs = any((flags.get(name) or 0) > limit for name, limit in knobs.hang_when.items())
 
     def add(self, request: Request) -> None:
         self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,
@@ -92,6 +96,8 @@ class FakeSession:
         self.steps += 1
         if self.dies and self.steps > 3:
             os._exit(70)
+        if self.hangs and self.steps > 3:
+            time.sleep(3600)
         # Grow running sequences by one token; preempt the newest when the cache is full (vLLM's policy).
         for seq in list(self.running):
             if seq not in self.running:
