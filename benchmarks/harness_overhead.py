@@ -7,6 +7,7 @@ requests, on one engine, interleaved (bare, tool, bare, tool, ...) so drift land
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -23,21 +24,25 @@ def main() -> None:
     args = parser.parse_args()
     k = args.max_num_seqs
     spec = WorkloadSpec(num_requests=args.requests, prompt_len=64, output_len=args.output_len, concurrency=k)
-    requests = make_requests(spec)
-    session = VllmInprocEngine().start({"max_num_seqs": k, "max_model_len": 1024,
+    # prefix caching off, and fresh prompts for every run: a prompt seen before would be served from the
+    # prefix cache (75% of the prompt tokens from the second pass on), flattering whichever side ran later
+    session = VllmInprocEngine().start({"max_num_seqs": k, "max_model_len": 1024, "enable_prefix_caching": False,
                                         "kv_cache_memory_bytes": 64 << 20, "enforce_eager": True, "seed": 0})
     from vllm import SamplingParams
 
-    prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
-    params = [SamplingParams(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True,
-                             detokenize=False) for r in requests]
+    fresh = iter(range(1, 10_000))
 
     def bare() -> float:
+        requests = make_requests(dataclasses.replace(spec, seed=next(fresh)))
+        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+        params = [SamplingParams(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True,
+                                 detokenize=False) for r in requests]
         began = time.perf_counter()
         outs = session.llm.generate(prompts, params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - began)
 
     def tool() -> float:
+        requests = make_requests(dataclasses.replace(spec, seed=next(fresh)))
         result = drive(session, requests, loop="closed", concurrency=k)
         return sum(t.output_tokens for t in result.timings) / result.wall_s
 

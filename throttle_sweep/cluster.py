@@ -36,6 +36,7 @@ from throttle_sweep.pool import Job
 from throttle_sweep.workload import WorkloadSpec
 
 LEFTOVERS = "ray-local.json"
+MAX_REPLACEMENTS = 5  # a slot whose actor keeps dying (a broken node, an engine that cannot start) is retired
 TEMP_PREFIX = "/tmp/ts-ray-"  # short: Ray's socket paths must stay < 108 chars
 
 
@@ -153,15 +154,14 @@ class RayPool:
         self.job_timeout_s, self.job_timeout_factor = job_timeout_s, job_timeout_factor
         self.actors = {slot: make_actor(slot) for slot in range(shape.count)}
         self.placement: dict[int, dict[str, Any]] = {}
-        self.proven: set[int] = set()  # slots whose current actor has answered at least once
         self.pending: dict[Any, Pending] = {}
         self.took: dict[str, float] = {}  # flags -> the longest replicate (start + work) seen with them
         self.replaced = 0
+        self.replacements: dict[int, int] = {}
         refs = {self.actors[slot].where.remote(): slot for slot in self.actors}
         ready, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=start_timeout_s)
         for ref in ready:
             self.placement[refs[ref]] = ray.get(ref)
-            self.proven.add(refs[ref])
         if not_ready:
             self.close()
             raise ClusterError(f"only {len(ready)} of {shape.count} engine slots could be placed within "
@@ -210,7 +210,6 @@ class RayPool:
             except ray.exceptions.RayError as exc:  # the actor (or its node) died under the replicate
                 record = self._lost(pending, exc)
             else:
-                self.proven.add(pending.slot)
                 self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
                 key = _flags_key(pending.job.flags)
                 took = (record.get("engine_start_s") or 0) + (record.get("wall_s") or 0)
@@ -225,10 +224,11 @@ class RayPool:
         why = (f"no answer from slot {pending.slot} within {waited:.0f}s (the engine hung, or its node "
                f"{where.get('node_ip', '?')} cannot be reached); its actor was ended")
         record = failed_record(self._lost_header(pending), why, stage="run", infrastructure=True)
-        if pending.slot not in self.proven:  # a new actor that never answered: it cannot be placed or started
+        placed, _ = self._ray.wait([pending.ping], timeout=0)
+        if not placed:  # the actor never answered the ping: it cannot be placed or started
             self._end_actor(pending.slot)
-            self.say(f"slot {pending.slot}: retired, its new actor never answered ({len(self.actors)} slots left)")
-        else:
+            self.say(f"slot {pending.slot}: retired, its actor never started ({len(self.actors)} slots left)")
+        else:  # the actor took the replicate and the engine hung under it
             self._replace(pending.slot, node_alive=True)
         return pending.job, record
 
@@ -275,13 +275,15 @@ class RayPool:
         with contextlib.suppress(Exception):  # an actor already gone is what we want
             self._ray.kill(self.actors.pop(slot), no_restart=True)
         self.placement.pop(slot, None)
-        self.proven.discard(slot)
 
     def _replace(self, slot: int, *, node_alive: bool) -> None:
         """End the slot's actor and start a new one (not waited for), or retire the slot when the surviving
         nodes cannot host it."""
         self._end_actor(slot)
-        if node_alive or len(self.actors) < hostable_slots(self._ray.nodes(), self.shape):
+        self.replacements[slot] = self.replacements.get(slot, 0) + 1
+        if self.replacements[slot] > MAX_REPLACEMENTS:
+            self.say(f"slot {slot}: retired after {MAX_REPLACEMENTS} new actors ({len(self.actors)} slots left)")
+        elif node_alive or len(self.actors) < hostable_slots(self._ray.nodes(), self.shape):
             self.actors[slot] = self._make_actor(slot)
             self.replaced += 1
             self.say(f"slot {slot}: a new actor is starting")
@@ -364,7 +366,7 @@ def lock_down(temp: str) -> Callable[[], None]:
       token set-up does). The Prometheus metrics port has no authentication; loopback is its only guard.
     Workers inherit the environment, so they see the same token."""
     import ray._private.ray_constants as constants
-    from ray._raylet import Config
+    from ray._raylet import AuthenticationTokenLoader, Config
 
     token = Path(temp) / "auth_token"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -376,6 +378,7 @@ def lock_down(temp: str) -> Callable[[], None]:
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     constants.ENABLE_RAY_CLUSTER = False
     Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()  # a token read earlier (~/.ray) must not be presented
 
     def unlock() -> None:
         for key, value in saved_env.items():
@@ -384,7 +387,8 @@ def lock_down(temp: str) -> Callable[[], None]:
             else:
                 os.environ[key] = value
         constants.ENABLE_RAY_CLUSTER = saved_cluster
-        Config.initialize("")
+        Config.initialize("")  # the config first, then the token cache (the order Ray's own reset keeps)
+        AuthenticationTokenLoader.instance().reset_cache()
 
     return unlock
 
@@ -414,7 +418,8 @@ def end_leftovers(out: Path, say: Callable[[str], None]) -> int:
     """End the processes of a private Ray that a killed driver of this study left running. Called only by
     the holder of the study's lock (runlock.py), so the Ray it ends can only be a dead driver's. The file is
     not trusted as written: the temp dir must be one of ours, and a process is ended only if it is the one
-    noted (same start time, not a reused pid) and its command line names that temp dir."""
+    noted (same start time, not a reused pid) and its command line or environment names that temp dir (Ray's
+    workers retitle themselves, but inherit the token path inside it from the driver: see lock_down)."""
     import psutil
 
     path = out / LEFTOVERS
@@ -435,7 +440,7 @@ def end_leftovers(out: Path, say: Callable[[str], None]) -> int:
         try:
             p = psutil.Process(int(proc["pid"]))
             same = abs(p.create_time() - float(proc["create_time"])) < 1e-3  # not a reused pid
-            if same and any(temp in arg for arg in p.cmdline()):
+            if same and (any(temp in arg for arg in p.cmdline()) or any(temp in v for v in p.environ().values())):
                 p.kill()
                 ended += 1
         except (psutil.Error, KeyError, TypeError, ValueError):

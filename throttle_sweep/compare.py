@@ -1,7 +1,9 @@
-"""Baseline against candidate on one slot: run the interleaved schedule, one replicate at a time.
+"""Baseline against candidate on one slot: run the interleaved schedule, one replicate at a time, and what
+the records of one comparison say about it (`settle`, `fault_of`).
 
-The slot measures; the caller writes each record as it arrives (one writer). Positions already measured
-(from an interrupted run of the same comparison) are taken as they are and never measured again.
+The slot measures; the caller writes each record as it arrives (one writer). A comparison an earlier run
+left complete is taken as it is; one it left partial is started afresh under a new id, never continued in
+another process after a gap (that would mix engines, and drift that is not linear, into one comparison).
 """
 
 from __future__ import annotations
@@ -9,7 +11,49 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from throttle_sweep.schedule import BASELINE
+
+MAX_ATTEMPTS = 3  # a comparison stopped this often by faults that are not the candidate's is given up
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Why a comparison stopped early, and who is to blame: the candidate's flags, the baseline, or the slot."""
+
+    blame: str  # candidate | baseline | slot
+    record: dict[str, Any]
+
+    @property
+    def reason(self) -> str:
+        return f"{self.record['arm']}: {self.record.get('reason')}"
+
+
+def fault_of(records: Mapping[int, Mapping[str, Any]]) -> Fault | None:
+    """The first failed replicate of a comparison, with its blame; a lost slot (its node died, it hung, it was
+    killed for memory) is never the flags' fault, and a failed baseline is not the candidate's."""
+    for position in sorted(records):
+        record = records[position]
+        if record.get("status") != "ok":
+            if record.get("infrastructure"):
+                return Fault("slot", dict(record))
+            return Fault("baseline" if record["arm"] == BASELINE else "candidate", dict(record))
+    return None
+
+
+def settle(records: Mapping[int, Mapping[str, Any]], length: int) -> str:
+    """What the records of one comparison say: 'fresh' (nothing measured), 'complete' (every position, or
+    stopped by the candidate's own failure), or 'redo': stopped by a fault that is not the candidate's, or
+    left partial by an earlier driver (continuing it would mix engines, slots and a gap into one comparison)."""
+    if not records:
+        return "fresh"
+    fault = fault_of(records)
+    if fault is not None:
+        return "complete" if fault.blame == "candidate" else "redo"
+    return "complete" if len(records) == length else "redo"
+
 
 MeasureFn = Callable[[Mapping[str, Any], str, int], dict[str, Any]]  # (flags, arm, position) -> record
 ProgressFn = Callable[[int, str], None]  # (position about to run, arm)

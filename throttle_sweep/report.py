@@ -56,7 +56,8 @@ def lines(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> li
         out.append(f"drift {100 * est.drift_per_position:+.2f}% per replicate (estimated, removed from the ratio)")
     verdict = f"verdict: {analysis.verdict}"
     if est is not None and est.more_replicates_per_arm:
-        verdict += f"  (about {est.more_replicates_per_arm} more replicates per arm would likely decide)"
+        verdict += (f"  (about {est.more_replicates_per_arm} more replicates per arm would decide it with an 80% "
+                    "chance, if the estimate and noise hold)")
     out.append(verdict)
     out.extend(f"note: {n}" for n in analysis.notes)
     return out

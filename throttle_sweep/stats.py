@@ -103,19 +103,22 @@ def fit(observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray, in
 
 
 def decide(lo: float, hi: float, t: Thresholds) -> str:
+    """An interval wholly inside the equivalence margin is NO DIFFERENCE even when it excludes 1: a saving
+    the data pin below the margin is not worth a change, and calling it CHEAPER would say it is."""
+    if t.equivalence_margin > 0 and 1 - t.equivalence_margin <= lo and hi <= 1 + t.equivalence_margin:
+        return NO_DIFFERENCE
     if hi < 1 - t.min_effect:
         return CHEAPER
     if lo > 1 + t.min_effect:
         return PRICIER
-    if 1 - t.equivalence_margin <= lo and hi <= 1 + t.equivalence_margin:
-        return NO_DIFFERENCE
     return INCONCLUSIVE
 
 
 def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thresholds,
-                         limit: int = 200) -> int | None:
-    """More replicates per arm after which the interval would likely clear a decision threshold, assuming
-    the estimate and noise stay as measured (SE shrinks as 1/sqrt(n)). None: not within `limit`."""
+                         limit: int = 200, power: float = 0.8) -> int | None:
+    """More replicates per arm after which the interval clears a decision threshold with probability
+    `power`, if the estimate and noise are what was measured (SE shrinks as 1/sqrt(n)): the half-width plus
+    the `power` quantile of the estimate's own scatter must fit in the room left. None: not within `limit`."""
     room = [math.log(1 - t.min_effect) - est_log, est_log - math.log(1 + t.min_effect)]
     if t.equivalence_margin > 0:
         room.append(min(math.log(1 + t.equivalence_margin) - est_log, est_log - math.log(1 - t.equivalence_margin)))
@@ -123,7 +126,8 @@ def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thres
     if best <= 0 or not math.isfinite(se_log) or se_log <= 0:
         return None
     n = np.arange(n_per_arm + 1, n_per_arm + limit + 1)
-    half = sps.t.ppf(1 - t.alpha / 2, 2 * n - 3) * se_log * np.sqrt(n_per_arm / n)
+    df = 2 * n - 3
+    half = (sps.t.ppf(1 - t.alpha / 2, df) + sps.t.ppf(power, df)) * se_log * np.sqrt(n_per_arm / n)
     hits = np.nonzero(half < best)[0]
     return int(n[hits[0]] - n_per_arm) if hits.size else None
 
@@ -135,7 +139,10 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
     effect, se = float(coef[1]), float(math.sqrt(cov[1, 1])) if df > 0 else float("nan")
     tq = sps.t.ppf(1 - thresholds.alpha / 2, df) if df > 0 else float("inf")
     lo, hi = math.exp(effect - tq * se), math.exp(effect + tq * se)
-    p = float(2 * sps.t.sf(abs(effect / se), df)) if df > 0 and se > 0 else float("nan")
+    if df > 0 and se > 0:
+        p = float(2 * sps.t.sf(abs(effect / se), df))
+    else:  # a perfect fit: any effect at all is certain, none is no evidence (never NaN, which sorts nowhere)
+        p = (0.0 if effect != 0 else 1.0) if df > 0 else float("nan")
     n_b = sum(o.arm == BASELINE for o in observations)
     n_c = len(observations) - n_b
     conf = confounding([o.arm for o in observations], [o.position for o in observations])
@@ -144,19 +151,12 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
         warnings.append(f"the run order confounds arm with time (|corr(arm, position)| = {conf:.2f}): "
                         "drift and the flag cannot be told apart well; use an interleaved schedule")
     verdict = decide(lo, hi, thresholds)
+    if verdict == NO_DIFFERENCE and (hi < 1 or lo > 1):
+        small, large = (1 - hi, 1 - lo) if hi < 1 else (lo - 1, hi - 1)
+        warnings.append(f"{'cheaper' if hi < 1 else 'pricier'} by {100 * small:.1f}% to {100 * large:.1f}%, inside "
+                        f"the ±{100 * thresholds.equivalence_margin:g}% equivalence margin: no difference worth a "
+                        "change (compare.equivalence_margin sets the margin)")
     more = replicates_to_decide(effect, se, min(n_b, n_c), thresholds) if verdict == INCONCLUSIVE else None
     return Estimate(ratio=math.exp(effect), ci_low=lo, ci_high=hi, p_value=p, se_log=se, df=df,
                     drift_per_position=math.exp(float(coef[2])) - 1, confounding=conf, n_baseline=n_b,
                     n_candidate=n_c, verdict=verdict, more_replicates_per_arm=more, warnings=tuple(warnings))
-
-
-def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Holm's step-down: which hypotheses are rejected at family-wise level alpha."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    rejected = [False] * len(p_values)
-    for rank, i in enumerate(order):
-        if p_values[i] <= alpha / (len(p_values) - rank):
-            rejected[i] = True
-        else:
-            break
-    return rejected

@@ -11,6 +11,7 @@ over by the next run before anything new is asked.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,15 +22,23 @@ import optuna
 from optuna.trial import TrialState
 
 from throttle_sweep.analysis import Analysis, analyse
-from throttle_sweep.compare import comparison_id, measured_positions
+from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
-from throttle_sweep.stats import CHEAPER, Thresholds, holm
+from throttle_sweep.stats import CHEAPER, Thresholds
 
 
-class NoSlotsLeft(ThrottleSweepError):
-    """Every engine slot was lost; the sweep stops with everything measured kept."""
+class SweepStopped(ThrottleSweepError):
+    """The sweep cannot go on; it stops with everything measured kept, and the same command resumes it."""
+
+
+class NoSlotsLeft(SweepStopped):
+    """Every engine slot was lost."""
+
+
+class BaselineFails(SweepStopped):
+    """The baseline failed on its own, attempt after attempt: no comparison against it can mean anything."""
 
 
 @dataclass(frozen=True)
@@ -51,45 +60,6 @@ class SweepSettings:
     token_tolerance: float = 0.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     multi_objective: bool = False  # minimise cost ratio and p95 end-to-end latency; report the Pareto front
-
-
-MAX_ATTEMPTS = 3  # a comparison stopped this often by faults that are not the candidate's is given up
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Why a comparison stopped early, and who is to blame: the candidate's flags, the baseline, or the slot."""
-
-    blame: str  # candidate | baseline | slot
-    record: dict[str, Any]
-
-    @property
-    def reason(self) -> str:
-        return f"{self.record['arm']}: {self.record.get('reason')}"
-
-
-def fault_of(records: Mapping[int, Mapping[str, Any]]) -> Fault | None:
-    """The first failed replicate of a comparison, with its blame; a lost slot (its node died, it hung, it was
-    killed for memory) is never the flags' fault, and a failed baseline is not the candidate's."""
-    for position in sorted(records):
-        record = records[position]
-        if record.get("status") != "ok":
-            if record.get("infrastructure"):
-                return Fault("slot", dict(record))
-            return Fault("baseline" if record["arm"] == BASELINE else "candidate", dict(record))
-    return None
-
-
-def settle(records: Mapping[int, Mapping[str, Any]], length: int) -> str:
-    """What the records of one comparison say: 'fresh' (nothing measured), 'complete' (every position, or
-    stopped by the candidate's own failure), or 'redo': stopped by a fault that is not the candidate's, or
-    left partial by an earlier driver (continuing it would mix engines, slots and a gap into one comparison)."""
-    if not records:
-        return "fresh"
-    fault = fault_of(records)
-    if fault is not None:
-        return "complete" if fault.blame == "candidate" else "redo"
-    return "complete" if len(records) == length else "redo"
 
 
 @dataclass
@@ -123,13 +93,42 @@ class Comparison:
         return fault is not None and fault.blame != "candidate" and self.faults + 1 < MAX_ATTEMPTS
 
 
+def broken_constraints(attrs: Mapping[str, Any], settings: SweepSettings) -> list[str]:
+    """'name: measured > limit' for every constraint a comparison's candidate broke."""
+    limits = {"preemptions": settings.max_preemptions, "p95_ttft_s": settings.max_p95_ttft_s,
+              "p95_tpot_s": settings.max_p95_tpot_s, "p95_itl_s": settings.max_p95_itl_s}
+    return [f"{name}: {attrs[name]:g} > {limits[name]:g}"
+            for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True) if value > 0]
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    return json.dumps(dict(params), sort_keys=True, default=str)
+
+
 @dataclass
 class Confirmation:
     source_trial: int
     params: dict[str, Any]
     analysis: Analysis
-    adjusted: Analysis | None = None  # the same records with alpha / (number confirmed)
-    significant: bool = False  # CHEAPER, Holm-corrected across the confirmed candidates
+    adjusted: Analysis | None = None  # the same records with alpha / (number confirmed): Bonferroni
+    broken: list[str] = field(default_factory=list)  # why it cannot win: constraints over the limit, a failure
+
+    @property
+    def significant(self) -> bool:
+        """CHEAPER by the quoted (Bonferroni-adjusted) interval itself: the label and the interval agree."""
+        return (self.adjusted or self.analysis).verdict == CHEAPER
+
+
+def choose_winner(confirmations: Sequence[Confirmation]) -> Confirmation | None:
+    """The winner rule: among confirmed savings that keep every constraint in confirmation too, the one whose
+    adjusted interval has the lowest upper bound, i.e. the largest saving that the data guarantee (a wide
+    interval around a low estimate is luck as often as it is a saving)."""
+    eligible = [c for c in confirmations if c.significant and not c.broken]
+    return min(eligible, key=lambda c: (c.adjusted or c.analysis).estimate.ci_high, default=None)
+
+
+WINNER_RULE = ("winner rule: a confirmed saving (its adjusted interval wholly below 1) that kept every constraint "
+               "in confirmation too; among those, the lowest upper bound")
 
 
 @dataclass
@@ -160,8 +159,8 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "ci": [est.ci_low, est.ci_high] if est else None,
         "p_value": est.p_value if est else None,
         "preemptions": preempt,
-        "baseline_preemptions": max((r.get("preemptions") or 0) for r in analysis.records
-                                    if r["arm"] == BASELINE and r.get("status") == "ok"),
+        "baseline_preemptions": max(((r.get("preemptions") or 0) for r in analysis.records
+                                     if r["arm"] == BASELINE and r.get("status") == "ok"), default=0),
         "p95_ttft_s": ttft,
         "p95_tpot_s": tpot,
         "p95_itl_s": itl,
@@ -253,11 +252,13 @@ class Sweep:
         while True:
             cid = comparison_id(arms, order, {**self.workload_key, "key": key, "stage": stage})
             done = measured_positions(self.records, cid)
-            if settle(done, len(order)) != "redo":
+            fault = fault_of(done)
+            last = fault is not None and faults + 1 >= MAX_ATTEMPTS  # the attempts are spent: give up on it
+            if settle(done, len(order)) != "redo" or last:
                 return Comparison(key, stage, arms, order, cid, slot, records=done, discarded=discarded,
                                   faults=faults)
             discarded.append(cid)
-            faults += fault_of(done) is not None
+            faults += fault is not None
             key = retry_key(key)
 
     def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None]
@@ -339,35 +340,37 @@ class Sweep:
         return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()
                    and not t.user_attrs.get("interrupted") and "duplicate_of" not in t.user_attrs)
 
-    def answered(self, params: Mapping[str, Any]) -> int | None:
-        """The trial that already answers for these flags: one in flight now, one that completed, or one whose
-        candidate failed. A failure that was not the candidate's (a lost slot, the baseline) answers nothing."""
-        for number, trial in self.open.items():
-            if trial.params == dict(params):
-                return number
+    def answers(self) -> dict[str, int]:
+        """Flags already answered -> the trial that answers them: one in flight now, one that completed, one
+        whose candidate failed, or one whose attempts were all spent on faults that could be the flags' or the
+        slot's (a hang, a memory kill). One lost slot, or a failed baseline, answers nothing: measure again."""
+        found = {params_key(t.params): n for n, t in self.open.items()}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if t.params == dict(params) and "duplicate_of" not in t.user_attrs and (
-                    t.state == TrialState.COMPLETE or t.user_attrs.get("blame") == "candidate"):
-                return t.number
-        return None
+            a = t.user_attrs
+            if "duplicate_of" not in a and (t.state == TrialState.COMPLETE or a.get("blame") == "candidate"
+                                            or a.get("attempts_exhausted")):
+                found.setdefault(params_key(t.params), t.number)
+        return found
 
-    def propose(self) -> optuna.trial.Trial | None:
-        """The next trial to measure: the next grid point not yet answered, or the sampler's proposal.
-        A proposal of flags already answered is closed at once as a repeat (never re-told as a new
+    def propose(self) -> tuple[optuna.trial.Trial | None, bool]:
+        """(the next trial to measure, or None for a repeat; whether the grid is exhausted). The next trial
+        is a waiting one (enqueued earlier), the next grid point not yet answered, or the sampler's
+        proposal. A proposal of flags already answered is closed at once as a repeat (never re-told as a new
         observation, never measured again)."""
-        if self.grid is not None:
-            point = next((p for p in self.grid if self.answered(p) is None), None)
+        answers = self.answers()
+        if self.grid is not None and not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            point = next((p for p in self.grid if params_key(p) not in answers), None)
             if point is None:
-                return None
+                return None, True
             self.study.enqueue_trial(point, skip_if_exists=False)
-        trial = self.study.ask(self.distributions)
-        twin = self.answered(trial.params)
+        trial = self.study.ask(self.distributions)  # takes the oldest waiting trial first
+        twin = answers.get(params_key(trial.params))
         if twin is not None:
             trial.set_user_attr("duplicate_of", twin)
             self.study.tell(trial, state=TrialState.FAIL)
-            return None
+            return None, False
         self.open[trial.number] = trial
-        return trial
+        return trial, False
 
     def search(self) -> None:
         queue = self.take_over()  # first, before anything new is asked
@@ -378,12 +381,17 @@ class Sweep:
         def start(slot: int) -> Comparison | None:
             nonlocal asks_left
             while not queue:
-                if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left() \
-                        or asks_left <= 0:
+                if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
+                    return None
+                if asks_left <= 0:
+                    if asks_left == 0:
+                        self.say(f"search: the sampler kept proposing flags already measured; the search stops "
+                                 f"after {self.measured_trials()} trials")
+                        asks_left -= 1
                     return None
                 asks_left -= 1
-                trial = self.propose()
-                if trial is None and self.grid is not None and self.answered_all_grid():
+                trial, exhausted = self.propose()
+                if exhausted:
                     return None
                 if trial is not None:
                     queue.append(trial)
@@ -404,13 +412,17 @@ class Sweep:
             fault = comp.fault()
             if fault is not None:
                 why = fault.reason if fault.blame == "candidate" else \
-                    f"not the candidate's fault, {comp.faults + 1} attempts: {fault.reason}"
+                    f"{comp.faults + 1} attempts, each stopped by a fault not shown to be the flags' ({fault.reason})"
                 trial.set_user_attr("status", "failed")
                 trial.set_user_attr("blame", fault.blame)
                 trial.set_user_attr("reason", why)
                 trial.set_user_attr("comparison", comp.id)
+                trial.set_user_attr("attempts_exhausted", fault.blame != "candidate")
                 self.study.tell(trial, state=TrialState.FAIL)
                 self.say(f"trial {trial.number} {trial.params}: FAILED ({why})")
+                if fault.blame == "baseline":
+                    raise BaselineFails(f"the baseline {self.baseline_flags} failed {comp.faults + 1} times in a "
+                                        f"row ({fault.record.get('reason')}); fix the baseline and run again")
                 return
             analysis = analyse(list(comp.records.values()), self.settings.thresholds,
                                token_tolerance=self.settings.token_tolerance, cost=self.settings.cost_basis)
@@ -426,18 +438,14 @@ class Sweep:
                 self.study.tell(trial, [analysis.estimate.ratio, attrs["p95_e2e_s"]])
             else:
                 self.study.tell(trial, analysis.estimate.ratio)
-            broken = [name for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True)
-                      if value > 0]
-            flag = "feasible" if not broken else f"INFEASIBLE ({', '.join(broken)} over the limit)"
+            broken = broken_constraints(attrs, self.settings)
+            flag = "feasible" if not broken else f"INFEASIBLE ({'; '.join(broken)})"
             best = self.best()
             self.say(f"trial {trial.number} {trial.params}: ratio {attrs['ratio']:.3f} "
                      f"[{attrs['ci'][0]:.3f}, {attrs['ci'][1]:.3f}] {analysis.verdict}, {flag}; best so far: "
                      f"{best.params if best else None}")
 
         self.run_comparisons(start, finish)
-
-    def answered_all_grid(self) -> bool:
-        return self.grid is not None and all(self.answered(p) is not None for p in self.grid)
 
     def best(self) -> optuna.trial.FrozenTrial | None:
         ranked = self.ranked(1)
@@ -486,30 +494,27 @@ class Sweep:
                 self._again(comp)
                 queue.insert(0, self.study.trials[comp.source_trial])
                 return
-            analysis = analyse(list(comp.records.values()), self.settings.thresholds,
-                               token_tolerance=self.settings.token_tolerance, cost=self.settings.cost_basis)
-            params = self.study.trials[comp.source_trial].params
-            # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates
-            quoted = analyse(list(comp.records.values()), adjusted, token_tolerance=self.settings.token_tolerance,
+            records = list(comp.records.values())
+            analysis = analyse(records, self.settings.thresholds, token_tolerance=self.settings.token_tolerance,
+                               cost=self.settings.cost_basis)
+            # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates, and the label
+            # is read off that same interval
+            quoted = analyse(records, adjusted, token_tolerance=self.settings.token_tolerance,
                              cost=self.settings.cost_basis)
-            results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted))
+            broken = broken_constraints(trial_summary(analysis, self.settings), self.settings)
+            fault = comp.fault()
+            if fault is not None:  # the replicates that are left are not the comparison that was planned
+                broken.insert(0, f"failed in confirmation ({fault.blame}: {fault.record.get('reason')})")
+            params = self.study.trials[comp.source_trial].params
+            results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted, broken=broken))
 
         self.run_comparisons(start, finish)
-        results.sort(key=lambda c: c.source_trial)
-        ok = [c for c in results if c.analysis.estimate is not None]
-        alpha = self.settings.thresholds.alpha / 2  # CHEAPER is one-sided at alpha/2
-        # one-sided p for "cheaper": half the two-sided p when the estimate is below 1
-        pvals = [c.analysis.estimate.p_value / 2 if c.analysis.estimate.ratio < 1
-                 else 1 - c.analysis.estimate.p_value / 2 for c in ok]
-        for c, rejected in zip(ok, holm(pvals, alpha), strict=True):
-            c.significant = rejected and c.analysis.verdict == CHEAPER
-        return results
+        return sorted(results, key=lambda c: c.source_trial)
 
     def run(self) -> SweepResult:
         self.search()
         confirmations = self.confirm()
-        significant = [c for c in confirmations if c.significant]
-        winner = min(significant, key=lambda c: c.analysis.estimate.ratio) if significant else None
+        winner = choose_winner(confirmations)
         return SweepResult(self.study, confirmations, winner, self.records,
                            pareto=self.pareto() if self.settings.multi_objective else [],
                            cost_basis=self.settings.cost_basis)

@@ -30,25 +30,42 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
 
 
 def boundary(study: optuna.Study) -> list[str]:
-    """Per numeric flag: the largest value measured without preemption and the smallest with it."""
+    """Where preemption starts along each ordered flag, for each setting of the other flags measured with it.
+    The direction is read from the data (more max_num_seqs preempts sooner; more gpu_memory_utilization,
+    later); where preempting and clean values interleave, it says there is no clean boundary."""
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
-            and "preemptions" in t.user_attrs]
-    lines = []
+            and "preemptions" in t.user_attrs and "duplicate_of" not in t.user_attrs]
     ordered = (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)
     flags = sorted({k for t in done for k, d in t.distributions.items() if isinstance(d, ordered)})
+    lines = []
     for flag in flags:
-        clean = [t.params[flag] for t in done if flag in t.params and t.user_attrs["preemptions"] == 0]
-        dirty = [t.params[flag] for t in done if flag in t.params and t.user_attrs["preemptions"] > 0]
-        others = " (other flags varied)" if len(done[0].params) > 1 else ""
-        if clean and dirty:
-            lines.append(f"preemption starts between {flag} {max(clean)} (none) and {min(dirty)} "
-                         f"(preempted){others}")
-        elif dirty:
-            lines.append(f"every measured {flag} preempted (smallest: {min(dirty)}); lower the range or give "
-                         "the KV cache more memory")
-        elif clean:
-            lines.append(f"no preemption up to {flag} {max(clean)}: the boundary lies beyond the range searched")
+        groups: dict[tuple, list[optuna.trial.FrozenTrial]] = {}
+        for t in done:
+            if flag in t.params:
+                others = tuple(sorted((k, v) for k, v in t.params.items() if k != flag))
+                groups.setdefault(others, []).append(t)
+        readable = {o: ts for o, ts in groups.items() if len({t.params[flag] for t in ts}) > 1}
+        for others, trials in sorted(readable.items(), key=lambda g: str(g[0])):
+            given = f" with {fmt_params(dict(others))}" if others else ""
+            lines.append(_boundary_line(flag, trials) + given)
+        if not readable and groups:
+            lines.append(f"no boundary along {flag} can be read: no two trials differ in {flag} alone")
     return lines
+
+
+def _boundary_line(flag: str, trials: list[optuna.trial.FrozenTrial]) -> str:
+    clean = sorted({t.params[flag] for t in trials if t.user_attrs["preemptions"] == 0})
+    dirty = sorted({t.params[flag] for t in trials if t.user_attrs["preemptions"] > 0})
+    if clean and dirty and max(clean) < min(dirty):  # preempts above a value
+        return f"preemption starts between {flag} {max(clean)} (none) and {min(dirty)} (preempted)"
+    if clean and dirty and min(clean) > max(dirty):  # preempts below a value
+        return f"preemption starts between {flag} {min(clean)} (none) and {max(dirty)} (preempted)"
+    if clean and dirty:
+        return (f"no clean preemption boundary along {flag}: preempting and clean values interleave (clean: "
+                f"{', '.join(map(str, clean))}; preempted: {', '.join(map(str, dirty))})")
+    if dirty:
+        return f"every measured {flag} preempted ({min(dirty)} to {max(dirty)}): the boundary lies outside the range"
+    return f"no preemption at any measured {flag} ({min(clean)} to {max(clean)}): the boundary lies outside the range"
 
 
 def fmt_params(params: Mapping[str, Any]) -> str:

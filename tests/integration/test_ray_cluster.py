@@ -145,7 +145,7 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
     (victim, killed_at), = victims
     lost = [r for r in records if r["status"] == "failed"]
     assert len(lost) == 1 and "process died" in lost[0]["reason"] and lost[0]["placement"]["pid"] == victim
-    assert lost[0]["started_at"] < killed_at < lost[0]["ended_at"], "the kill landed mid-replicate"
+    assert "died mid-replicate" in lost[0]["reason"] and killed_at > lost[0]["started_at"]  # not "already dead"
     failed = [t for t in study.trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and "process died" in failed[0].user_attrs["reason"]
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 7
@@ -175,6 +175,7 @@ def test_a_hung_engine_is_ended_at_its_deadline_and_blamed_on_the_slot_not_the_c
     assert len(hung) == MAX_ATTEMPTS and all(r["infrastructure"] and "no answer" in r["reason"] for r in hung)
     [failed] = [t for t in study.trials if t.state == TrialState.FAIL]
     assert failed.params == {"max_num_seqs": 4} and failed.user_attrs["blame"] == "slot"
+    assert failed.user_attrs["attempts_exhausted"]  # answered: those flags are not measured again
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 3 and study.user_attrs["winner"]
 
 

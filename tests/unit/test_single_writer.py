@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,19 +31,21 @@ def test_a_second_sweep_on_a_held_study_is_refused_before_any_engine_or_cleanup(
     monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
     folder = tmp_path / "held"
     folder.mkdir()
-    bystander = subprocess.Popen(["sleep", "60"])  # stands for a live driver's private Ray process
+    temp = tempfile.mkdtemp(prefix="ts-ray-", dir="/tmp")  # a live driver's private Ray, as its leftovers file says
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", temp])  # names its temp dir
     try:
         (folder / "ray-local.json").write_text(json.dumps({
-            "temp_dir": str(tmp_path / "ts-ray-x"),
+            "temp_dir": temp,
             "processes": [{"pid": bystander.pid, "create_time": psutil.Process(bystander.pid).create_time()}]}))
         cfg = compose_cfg(*SMALL, "+space=batching", "study.name=held", "ray.enabled=true", tmp_path=tmp_path)
         with hold(folder, what="study 'held'"), pytest.raises(RunLockedError, match=r"in use by another .*pid \d+"):
             sweep_cmd.run(cfg, Console(quiet=True))
         assert bystander.poll() is None, "the second driver killed the first one's processes as leftovers"
-        assert (folder / "ray-local.json").exists()
+        assert (folder / "ray-local.json").exists() and Path(temp).is_dir()
     finally:
         bystander.kill()
         bystander.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_second_compare_on_a_held_run_folder_is_refused(tmp_path, monkeypatch):

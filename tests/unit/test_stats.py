@@ -21,7 +21,6 @@ from throttle_sweep.stats import (
     Thresholds,
     decide,
     estimate,
-    holm,
 )
 
 
@@ -166,8 +165,3 @@ def test_inconclusive_says_how_many_more_replicates():
 def test_bad_observations(obs, message):
     with pytest.raises(ConfigError, match=message):
         estimate(obs)
-
-
-def test_holm():
-    assert holm([0.01, 0.04, 0.03], 0.05) == [True, False, False]
-    assert holm([0.001, 0.02, 0.04], 0.05) == [True, True, True]

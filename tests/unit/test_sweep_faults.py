@@ -12,10 +12,11 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
+from throttle_sweep.compare import MAX_ATTEMPTS, settle
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.measure import measure_replicate, record_header
-from throttle_sweep.sweep import MAX_ATTEMPTS, Sweep, SweepSettings, settle
+from throttle_sweep.sweep import BaselineFails, Sweep, SweepSettings
 from throttle_sweep.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
@@ -127,16 +128,43 @@ def test_a_transient_baseline_failure_is_retried_and_does_not_fail_the_candidate
     assert result.study.trials[0].user_attrs["discarded_comparisons"] == [written[0]["comparison"]]
 
 
-def test_a_baseline_that_always_fails_is_given_up_without_blaming_the_candidate_and_is_asked_again():
-    study = enqueued(4, 4)
-    pool = ScriptedPool(lambda job, n: failed("baseline refused") if job.arm == "baseline" and n <= MAX_ATTEMPTS
-                        else None)
+def test_a_baseline_that_keeps_failing_stops_the_sweep_without_blaming_the_candidate():
+    study = enqueued(4, 5)
+    pool = ScriptedPool(lambda job, n: failed("baseline refused") if job.arm == "baseline" else None)
     sweep, written = make_sweep(study, pool, [], n_trials=2)
-    sweep.search()
-    first, second = study.trials[:2]
+    with pytest.raises(BaselineFails, match="failed 3 times in a row .*baseline refused"):
+        sweep.search()
+    first = study.trials[0]
     assert first.state == TrialState.FAIL and first.user_attrs["blame"] == "baseline"
     assert f"{MAX_ATTEMPTS} attempts" in first.user_attrs["reason"]
-    assert second.state == TrialState.COMPLETE and "duplicate_of" not in second.user_attrs  # measured again
+    asked = [t for t in study.trials if t.state != TrialState.WAITING]
+    assert len(written) == MAX_ATTEMPTS and len(asked) == 1  # nothing more was spent on a broken baseline
+
+
+def test_the_attempts_are_capped_across_resumes_too():
+    """The driver is killed right after each lost replicate is written, before it can act on it: a resume
+    must still give up after MAX_ATTEMPTS, not grant a fourth attempt."""
+    study = enqueued(4)
+    records: list[dict] = []
+
+    def write_then_die(record):
+        records.append(record)
+        raise KeyboardInterrupt  # stands for a SIGKILL right after the record was made durable
+
+    for _ in range(MAX_ATTEMPTS):
+        sweep = Sweep(study=study, distributions={"max_num_seqs": IntDistribution(2, 8)}, base_flags=BASE,
+                      baseline_flags=BASELINE, workload_key={}, pool=ScriptedPool(lambda job, n: lost()),
+                      write=write_then_die, existing=list(records),
+                      settings=SweepSettings(n_trials=1, replicates=2, confirm_top=0))
+        with pytest.raises(KeyboardInterrupt):
+            sweep.search()
+    final, records = make_sweep(study, ScriptedPool(lambda job, n: pytest.fail("a fourth attempt")), records,
+                                n_trials=1)
+    final.search()
+    trial = study.trials[0]
+    assert trial.state == TrialState.FAIL and trial.user_attrs["attempts_exhausted"]
+    assert f"{MAX_ATTEMPTS} attempts" in trial.user_attrs["reason"]
+    assert len(records) == MAX_ATTEMPTS and all(r.get("infrastructure") for r in records)
 
 
 def test_a_candidate_that_fails_is_blamed_and_its_flags_are_not_measured_again():

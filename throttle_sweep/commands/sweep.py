@@ -37,7 +37,7 @@ from throttle_sweep.settings import (
     workload_from,
 )
 from throttle_sweep.space import build_space, grid
-from throttle_sweep.sweep import NoSlotsLeft, Sweep, SweepSettings, resume_key
+from throttle_sweep.sweep import Sweep, SweepSettings, SweepStopped, resume_key
 from throttle_sweep.sweep_report import lines, write_report
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
@@ -148,7 +148,7 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
             sweep = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
                                base=base, baseline=baseline, spec=spec, pool=pool, log=log, settings=settings)
             result = sweep.run()
-    except (KeyboardInterrupt, NoSlotsLeft) as exc:
+    except (KeyboardInterrupt, SweepStopped) as exc:
         with shielded():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
             if closer is not None:
                 closer()

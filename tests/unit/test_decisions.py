@@ -1,0 +1,171 @@
+"""Decisions that hold up: confirmation re-checks the constraints, the label agrees with the quoted interval,
+the winner rule respects uncertainty, savings inside the margin are not a plain CHEAPER, the boundary
+sentence knows the knob's direction and the other knobs, and no stale winner survives a re-run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import create_trial
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.analysis import Analysis
+from throttle_sweep.commands import export as export_cmd
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.schedule import make_schedule
+from throttle_sweep.stats import CHEAPER, NO_DIFFERENCE, Observation, Thresholds, decide, estimate
+from throttle_sweep.sweep import Confirmation, Sweep, SweepSettings, choose_winner
+from throttle_sweep.sweep_report import boundary
+from throttle_sweep.workload import WorkloadSpec
+
+SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
+
+
+class ConfirmPreempts:
+    """One slot on the noiseless fake; in confirmation, candidate replicates report 40 preemptions (as a
+    candidate whose KV cache is borderline might on a noisier machine)."""
+
+    slots, size = [0], 1
+
+    def __init__(self):
+        self.engine, self.queue = FakeEngine(FakeKnobs()), []
+
+    def submit(self, job):
+        self.queue.append(job)
+
+    def wait(self):
+        job = self.queue.pop(0)
+        record = measure_replicate(self.engine, job.flags, SPEC, Price(), run_id="t", arm=job.arm,
+                                   position=job.position, environment={}, context={**job.context, "slot": "s0"})
+        if job.context["stage"] == "confirm" and job.arm == "candidate" and job.flags["max_num_seqs"] == 8:
+            record["preemptions"] = 40
+        return [(job, record)]
+
+    def close(self):
+        pass
+
+
+def test_a_candidate_that_preempts_in_confirmation_is_not_the_winner():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for n in (8, 4):
+        study.enqueue_trial({"max_num_seqs": n})
+    sweep = Sweep(study=study, distributions={"max_num_seqs": IntDistribution(1, 8)}, base_flags={"max_model_len": 1024},
+                  baseline_flags={"max_model_len": 1024, "max_num_seqs": 1}, workload_key={}, pool=ConfirmPreempts(),
+                  write=lambda r: None, existing=[],
+                  settings=SweepSettings(n_trials=2, replicates=2, confirm_top=2, confirm_replicates=2))
+    result = sweep.run()
+    by_n = {c.params["max_num_seqs"]: c for c in result.confirmations}
+    assert by_n[8].broken == ["preemptions: 40 > 0"] and by_n[4].broken == []
+    assert result.winner is not None and result.winner.params == {"max_num_seqs": 4}
+
+
+def confirmation(n, ratio, lo, hi, verdict, broken=()):
+    est = estimate([Observation("baseline", 0, 1.0), Observation("candidate", 1, 1.0),
+                    Observation("baseline", 2, 1.0), Observation("candidate", 3, 1.1)])
+    est = type(est)(**{**est.__dict__, "ratio": ratio, "ci_low": lo, "ci_high": hi, "verdict": verdict})
+    analysis = Analysis(verdict, est, [], {})
+    return Confirmation(n, {"max_num_seqs": n}, analysis, adjusted=analysis, broken=list(broken))
+
+
+def test_the_label_is_the_quoted_interval_and_the_winner_is_the_surest_saving():
+    """The review's case: 0.907 [0.814, 1.011] beside 0.971 [0.967, 0.976]. The first interval crosses 1, so
+    it is no confirmed saving (whatever a step-down procedure would say); the second is the winner."""
+    wide = confirmation(1, 0.907, 0.814, 1.011, "INCONCLUSIVE")
+    tight = confirmation(2, 0.971, 0.967, 0.976, CHEAPER)
+    assert choose_winner([wide, tight]) is tight
+    # between two confirmed savings, the lower upper bound wins, not the lower point estimate
+    sure = confirmation(3, 0.80, 0.78, 0.82, CHEAPER)
+    lucky = confirmation(4, 0.70, 0.45, 0.95, CHEAPER)
+    assert choose_winner([lucky, sure]) is sure
+    assert choose_winner([confirmation(5, 0.6, 0.5, 0.7, CHEAPER, ["preemptions: 3 > 0"])]) is None
+
+
+def test_a_saving_inside_the_equivalence_margin_is_not_a_plain_cheaper():
+    assert decide(0.985, 0.995, Thresholds(min_effect=0.0, equivalence_margin=0.02)) == NO_DIFFERENCE
+    assert decide(0.90, 0.95, Thresholds()) == CHEAPER
+    assert decide(0.975, 0.985, Thresholds()) == CHEAPER  # reaches beyond the margin: a saving worth naming
+
+
+@pytest.mark.parametrize("effect, p_value", [(-0.1, 0.0), (0.0, 1.0)])
+def test_a_standard_error_of_exactly_zero_gives_a_p_value_not_nan(monkeypatch, effect, p_value):
+    """A perfect fit (identical replicates, as a deterministic engine can give) has SE 0; NaN would sort
+    nowhere in any multiplicity procedure and block every candidate."""
+    import throttle_sweep.stats as stats
+
+    monkeypatch.setattr(stats, "fit", lambda obs: (np.array([0.0, effect, 0.0]), np.zeros((3, 3)), 3))
+    order = make_schedule("aba-bab", 3)
+    est = estimate([Observation(a, i, 1.0) for i, a in enumerate(order)])
+    assert est.p_value == p_value
+
+
+def test_more_replicates_to_decide_are_sized_for_an_80pct_chance():
+    """Take the estimate's advice, and the bigger comparison decides in about 80% of runs (not a coin flip)."""
+    rng = np.random.default_rng(11)
+    ratio, sd = 0.975, 0.02
+    advised = []
+    decided = 0
+    for _ in range(300):
+        order = make_schedule("aba-bab", 3)
+        obs = [Observation(a, i, (ratio if a == "candidate" else 1.0) * math.exp(rng.normal(0, sd)))
+               for i, a in enumerate(order)]
+        first = estimate(obs)
+        if first.more_replicates_per_arm is None:
+            continue
+        n = 3 + first.more_replicates_per_arm
+        advised.append(n)
+        big = make_schedule("aba-bab", n)
+        again = estimate([Observation(a, i, (ratio if a == "candidate" else 1.0) * math.exp(rng.normal(0, sd)))
+                          for i, a in enumerate(big)])
+        decided += again.verdict != "INCONCLUSIVE"
+    assert len(advised) > 100
+    assert decided / len(advised) >= 0.70, (decided, len(advised))
+
+
+def study_of(points, distributions):
+    study = optuna.create_study()
+    for params, preemptions in points:
+        study.add_trial(create_trial(params=params, distributions=distributions, value=1.0,
+                                     user_attrs={"preemptions": preemptions, "constraints": [float(preemptions)]}))
+    return study
+
+
+def test_the_boundary_sentence_for_a_knob_that_preempts_below_a_value():
+    dist = {"gpu_memory_utilization": FloatDistribution(0.1, 0.95)}
+    study = study_of([({"gpu_memory_utilization": u}, p) for u, p in ((0.9, 0), (0.7, 0), (0.5, 4), (0.3, 9))], dist)
+    assert boundary(study) == ["preemption starts between gpu_memory_utilization 0.7 (none) and 0.5 (preempted)"]
+
+
+def test_the_boundary_sentence_conditions_on_the_other_knobs_and_admits_overlap():
+    dist = {"max_num_seqs": IntDistribution(1, 64), "max_num_batched_tokens": IntDistribution(128, 4096)}
+    points = [({"max_num_seqs": s, "max_num_batched_tokens": b}, p) for s, b, p in (
+        (8, 2048, 0), (12, 2048, 0), (13, 2048, 2), (20, 2048, 5),
+        (4, 256, 0), (6, 256, 1), (16, 256, 4))]
+    lines = boundary(study_of(points, dist))
+    assert "preemption starts between max_num_seqs 12 (none) and 13 (preempted) with max_num_batched_tokens=2048" in lines
+    assert "preemption starts between max_num_seqs 4 (none) and 6 (preempted) with max_num_batched_tokens=256" in lines
+    mixed = study_of([({"max_num_seqs": s}, p) for s, p in ((4, 0), (6, 3), (8, 0), (10, 5))],
+                     {"max_num_seqs": IntDistribution(1, 64)})
+    assert boundary(mixed) == ["no clean preemption boundary along max_num_seqs: preempting and clean values "
+                               "interleave (clean: 4, 8; preempted: 6, 10)"]
+
+
+def test_a_rerun_without_a_winner_leaves_no_stale_winner_to_export(tmp_path):
+    args = ["backend=fake", "workload.num_requests=8", "workload.prompt_len=16", "workload.output_len=16",
+            "workload.concurrency=8", "workload.warmup_requests=0", "+space=batching", "~space.max_num_batched_tokens",
+            "space.max_num_seqs.low=4", "space.max_num_seqs.high=8", "study.name=w", "study.sampler=grid",
+            "study.n_trials=2", "compare.replicates=2", "study.confirm_replicates=2", "plots=false"]
+    assert sweep_cmd.run(compose_cfg(*args, "study.confirm_top=1", tmp_path=tmp_path), Console(quiet=True)) == 0
+    assert (tmp_path / "w" / "best" / "vllm_config.yaml").exists()
+    assert sweep_cmd.run(compose_cfg(*args, "study.confirm_top=0", tmp_path=tmp_path), Console(quiet=True)) == 0
+    assert not (tmp_path / "w" / "best").exists() and list(tmp_path.glob("w/best.superseded-*"))
+    with pytest.raises(ConfigError, match="no confirmed winner"):
+        export_cmd.run(compose_cfg(*args, "mode=export", tmp_path=tmp_path), Console(quiet=True))
