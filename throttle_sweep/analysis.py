@@ -36,7 +36,9 @@ class Analysis:
         return judged_cost(record, self.basis)
 
     def costs(self, arm: str) -> list[tuple[int, float]]:
-        return [(r["position"], self.cost_of(r)) for r in self.records if r["arm"] == arm and _ok(r)]
+        """(position, judged cost) of the arm's measured replicates (the warm-up run is not one)."""
+        return [(r["position"], self.cost_of(r)) for r in self.records
+                if r["arm"] == arm and _ok(r) and not r.get("warmup")]
 
 
 def judged_cost(record: Mapping[str, Any], basis: str) -> float:
@@ -95,8 +97,12 @@ def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, tok
         first = {arm: next((r.get("flags") for r in rows if r["arm"] == arm), None) for arm in (BASELINE, CANDIDATE)}
         labels = arm_labels(first[BASELINE], first[CANDIDATE])
     notes: list[str] = []
-    ok = [r for r in rows if _ok(r)]
-    failed = [r for r in rows if not _ok(r)]
+    warmups = [r for r in rows if r.get("warmup")]
+    rows_measured = [r for r in rows if not r.get("warmup")]
+    ok = [r for r in rows_measured if _ok(r)]
+    failed = [r for r in rows_measured if not _ok(r)]
+    for r in warmups:
+        notes.append(f"the warm-up run at position {r['position']} ({r['arm']}) is not analysed")
     for r in failed:
         notes.append(f"replicate at position {r['position']} ({r['arm']}) failed: {r.get('reason')}; excluded")
     for key in ("output_tokens", "requests_completed"):
@@ -110,7 +116,7 @@ def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, tok
         if strict:
             raise RecordError(f"cannot judge cost on the {cost} basis: {problem}")
         notes.insert(0, f"verdict withheld: {problem}")
-        return Analysis(WITHHELD, None, rows, labels, notes, basis)
+        return Analysis(WITHHELD, None, rows, labels, notes, "as recorded")
     preempt = {arm: sum(r.get("preemptions") or 0 for r in ok if r["arm"] == arm) for arm in (BASELINE, CANDIDATE)}
     if (preempt[BASELINE] > 0) != (preempt[CANDIDATE] > 0):
         arm = BASELINE if preempt[BASELINE] else CANDIDATE

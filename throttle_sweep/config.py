@@ -39,8 +39,10 @@ class CostConf:
 
 @dataclass
 class CompareConf:
-    schedule: str = "aba-bab"  # aba-bab | abba | random
-    replicates: int = 3  # per arm
+    schedule: str = "abba"  # abba (complete B C C B blocks) | aba-bab | random
+    replicates: int = 4  # per arm
+    warmup_replicate: bool = True  # one unmeasured run first, with the leading arm's flags
+    lead: str = "baseline"  # mode=compare: the arm that runs first (sweeps alternate it across comparisons)
     alpha: float = 0.05  # two-sided; CHEAPER is a one-sided claim at alpha/2
     min_effect: float = 0.0  # CHEAPER needs the whole interval below 1 - min_effect
     equivalence_margin: float = 0.02  # NO DIFFERENCE needs the whole interval inside 1 +/- margin
@@ -63,8 +65,8 @@ class StudyConf:
     max_p95_tpot_s: float | None = None  # per request: mean time per output token after the first
     max_p95_itl_s: float | None = None  # pooled gaps between tokens, as vLLM's benchmarks define ITL
     multi_objective: bool = False  # cost and p95 end-to-end latency: report the Pareto front
-    confirm_top: int = 2  # best feasible candidates re-measured head-to-head
-    confirm_replicates: int = 3
+    confirm_top: int = 2  # best feasible candidates re-measured against the baseline, with fresh replicates
+    confirm_replicates: int = 4
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 from throttle_sweep.errors import RecordError
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: steady, cost_basis, latency tpot/itl (pooled), lateness_s, warmup
 KNOWN_MAJORS = {1}
 REQUIRED = ("schema_version", "record_id", "run_id", "arm", "flags", "position", "status")
 

@@ -25,7 +25,7 @@ from throttle_sweep.analysis import Analysis, analyse
 from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
+from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
 from throttle_sweep.stats import CHEAPER, Thresholds
 
 
@@ -52,11 +52,12 @@ class SweepSettings:
     max_p95_tpot_s: float | None = None  # per request: mean time per output token after the first
     max_p95_itl_s: float | None = None  # pooled: every gap between a request's tokens (vLLM's ITL)
     cost_basis: str = "steady"  # which cost per token is judged (analysis.COST_BASES)
-    schedule: str = "aba-bab"
-    replicates: int = 3
+    schedule: str = "abba"
+    replicates: int = 4
+    warmup_replicate: bool = True  # one unmeasured run first in every comparison
     schedule_seed: int = 0
     confirm_top: int = 2
-    confirm_replicates: int = 3
+    confirm_replicates: int = 4
     token_tolerance: float = 0.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     multi_objective: bool = False  # minimise cost ratio and p95 end-to-end latency; report the Pareto front
@@ -99,6 +100,12 @@ def broken_constraints(attrs: Mapping[str, Any], settings: SweepSettings) -> lis
               "p95_tpot_s": settings.max_p95_tpot_s, "p95_itl_s": settings.max_p95_itl_s}
     return [f"{name}: {attrs[name]:g} > {limits[name]:g}"
             for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True) if value > 0]
+
+
+def leader(index: int) -> str:
+    """Which arm runs first in the index-th comparison: they take turns, so a slow (or fast) first run of a
+    comparison favours neither arm across the sweep."""
+    return CANDIDATE if index % 2 else BASELINE
 
 
 def params_key(params: Mapping[str, Any]) -> str:
@@ -147,7 +154,7 @@ def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:
 
 def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]:
     """User attributes of a finished search trial, and its constraint values (<= 0 means feasible)."""
-    cand = [r for r in analysis.records if r["arm"] == CANDIDATE and r.get("status") == "ok"]
+    cand = [r for r in analysis.records if r["arm"] == CANDIDATE and r.get("status") == "ok" and not r.get("warmup")]
     est = analysis.estimate
     preempt = max((r.get("preemptions") or 0) for r in cand) if cand else 0
     ttft, tpot, itl = (max((_p95(r, metric) for r in cand), default=0.0) for metric in ("ttft", "tpot", "itl"))
@@ -242,12 +249,14 @@ class Sweep:
         self._write(record)
         self.records.append(record)
 
-    def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int
-                   ) -> Comparison:
+    def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int,
+                   lead: str = BASELINE) -> Comparison:
         """The comparison to run for `key`, decided from the records (`settle`): a complete one is reused,
         one to redo is left as it is and the work starts afresh under the next key ('trial-4' -> 'trial-4~1')."""
         arms = {BASELINE: dict(self.baseline_flags), CANDIDATE: {**self.base_flags, **params}}
-        order = make_schedule(self.settings.schedule, replicates, seed=self.settings.schedule_seed)
+        order = make_schedule(self.settings.schedule, replicates, seed=self.settings.schedule_seed, lead=lead)
+        if self.settings.warmup_replicate:
+            order = with_warmup(order)
         discarded, faults = [], 0
         while True:
             cid = comparison_id(arms, order, {**self.workload_key, "key": key, "stage": stage})
@@ -298,7 +307,8 @@ class Sweep:
         position = comp.next_position()
         arm = comp.order[position]
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
-                   "trial": comp.trial.number if comp.trial else comp.source_trial}
+                   "trial": comp.trial.number if comp.trial else comp.source_trial,
+                   "warmup": self.settings.warmup_replicate and position == 0}
         message = (f"{comp.stage} {comp.key}: {arm} replicate at position {position + 1}/{len(comp.order)} "
                    f"on slot {comp.slot}")
         if len(self.pool.slots) > 1:  # what every slot is doing now
@@ -396,7 +406,8 @@ class Sweep:
                 if trial is not None:
                     queue.append(trial)
             trial = queue.pop(0)
-            comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot)
+            comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot,
+                                   lead=leader(trial.number))
             comp.trial = trial
             return comp
 
@@ -485,7 +496,7 @@ class Sweep:
                 return None
             t = queue.pop(0)
             comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
-                                   self.settings.confirm_replicates, slot)
+                                   self.settings.confirm_replicates, slot, lead=leader(todo.index(t)))
             comp.source_trial = t.number
             return comp
 

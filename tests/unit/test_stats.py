@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats as sps
 
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.schedule import make_schedule
+from throttle_sweep.schedule import make_schedule, with_warmup
 from throttle_sweep.stats import (
     CHEAPER,
     INCONCLUSIVE,
@@ -47,10 +46,10 @@ def test_exact_ratio_is_recovered_under_any_linear_log_drift(ratio, slope, base)
     assert est.drift_per_position == pytest.approx(math.exp(slope / 5) - 1, rel=1e-6, abs=1e-12)
 
 
-@given(st.lists(st.floats(0.5, 2.0), min_size=6, max_size=6), st.floats(0.1, 10))
+@given(st.lists(st.floats(0.5, 2.0), min_size=8, max_size=8), st.floats(0.1, 10))
 @settings(max_examples=60, deadline=None)
 def test_scale_invariance_and_interval_contains_estimate(costs, scale):
-    order = make_schedule("abba", 3)
+    order = make_schedule("abba", 4)
     obs = [Observation(a, i, c) for i, (a, c) in enumerate(zip(order, costs, strict=False))]
     scaled = [Observation(o.arm, o.position, o.cost * scale) for o in obs]
     a, b = estimate(obs), estimate(scaled)
@@ -81,17 +80,73 @@ def test_min_effect_demands_a_larger_saving():
 
 
 @pytest.mark.parametrize("kind", ["aba-bab", "abba", "random"])
-@given(n=st.integers(2, 12), seed=st.integers(0, 1000))
+@given(n=st.integers(2, 12), seed=st.integers(0, 1000), lead=st.sampled_from(["baseline", "candidate"]))
 @settings(max_examples=30, deadline=None)
-def test_schedules_are_balanced(kind, n, seed):
-    order = make_schedule(kind, n, seed=seed)
+def test_schedules_are_balanced_and_start_with_the_lead(kind, n, seed, lead):
+    if kind == "abba" and n % 2:
+        with pytest.raises(ConfigError, match="complete B C C B blocks.*must be even, but got"):
+            make_schedule(kind, n, seed=seed, lead=lead)
+        return
+    order = make_schedule(kind, n, seed=seed, lead=lead)
     assert order.count("baseline") == order.count("candidate") == n
+    assert kind == "random" or order[0] == lead
 
 
 def test_schedule_shapes():
     assert make_schedule("aba-bab", 3) == ["baseline", "candidate"] * 3
     assert make_schedule("abba", 4) == ["baseline", "candidate", "candidate", "baseline",
                                         "candidate", "baseline", "baseline", "candidate"]
+    assert make_schedule("abba", 2, lead="candidate") == ["candidate", "baseline", "baseline", "candidate"]
+    assert with_warmup(make_schedule("abba", 2)) == ["baseline", "baseline", "candidate", "candidate", "baseline"]
+
+
+def perturbed(order, ratio, kind, *, noise_sd, rng, warmup):
+    """Costs in run order under one of the review's perturbations, +27% linear drift; with `warmup` one more
+    run goes first and is dropped, as the tool drops its warm-up record."""
+    runs = ([order[0]] if warmup else []) + list(order)
+    n = len(runs)
+    obs = []
+    for i, arm in enumerate(runs):
+        factor = 1 + 0.27 * i / (n - 1)
+        factor *= {"none": 1.0, "slow first 5%": 1.05 if i == 0 else 1.0, "slow first 10%": 1.10 if i == 0 else 1.0,
+                   "curvature 3%": 1 + 0.03 * (2 * i / (n - 1) - 1) ** 2,
+                   "alternation 1.1%": 1.011 if i % 2 == 0 else 0.989}[kind]
+        obs.append(Observation(arm, i, factor * (ratio if arm == "candidate" else 1.0)
+                               * math.exp(rng.normal(0, noise_sd))))
+    return obs[1:] if warmup else obs
+
+
+PERTURBATIONS = ["none", "slow first 5%", "slow first 10%", "curvature 3%", "alternation 1.1%"]
+
+
+@pytest.mark.parametrize("kind", PERTURBATIONS)
+def test_calibration_of_the_default_schedule_under_the_reviews_perturbations(kind):
+    """The default (abba, 4 per arm, a warm-up run, the lead alternating across comparisons), A/A: the 95%
+    interval covers the truth in >= 95% of runs (less 3 MC standard errors), and neither false verdict
+    exceeds alpha/2 (plus 3 MC standard errors); the table is printed for the README."""
+    rng = np.random.default_rng(7)
+    covered = cheaper = pricier = 0
+    for i in range(N_SIM):
+        order = make_schedule("abba", 4, lead="candidate" if i % 2 else "baseline")
+        est = estimate(perturbed(order, 1.0, kind, noise_sd=rng.uniform(0.01, 0.03), rng=rng, warmup=True))
+        covered += est.ci_low <= 1.0 <= est.ci_high
+        cheaper += est.verdict == CHEAPER
+        pricier += est.verdict == PRICIER
+    coverage, cheaper, pricier = covered / N_SIM, cheaper / N_SIM, pricier / N_SIM
+    print(f"\nA/A abba x4 + warm-up + alternating lead, {kind}: coverage {coverage:.3f}, false CHEAPER "
+          f"{cheaper:.4f}, false PRICIER {pricier:.4f}")
+    assert coverage >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / N_SIM)
+    assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
+
+
+def test_the_old_default_fails_under_an_alternating_rhythm():
+    """aba-bab ties the arm to odd and even positions: a machine that alternates +-1.1% (as the real engine
+    seemed to) reads as a saving. This is why abba is the default."""
+    rng = np.random.default_rng(8)
+    order = make_schedule("aba-bab", 3)
+    cheaper = sum(estimate(perturbed(order, 1.0, "alternation 1.1%", noise_sd=0.01, rng=rng, warmup=False)).verdict
+                  == CHEAPER for _ in range(N_SIM)) / N_SIM
+    assert cheaper > 0.2
 
 
 N_SIM = 2000
@@ -107,37 +162,21 @@ def verdict_rate(order, ratio, verdict, *, drift_total, noise, seed, analyse=est
     return hits / N_SIM
 
 
-@pytest.mark.parametrize("kind", ["aba-bab", "abba"])
-def test_calibration_aa_with_27pct_drift_rarely_says_cheaper(kind, record_property):
-    order = make_schedule(kind, 3)
-    rate = verdict_rate(order, 1.0, CHEAPER, drift_total=0.27, noise=(0.01, 0.03), seed=1)
-    record_property("false_cheaper_rate", rate)
-    print(f"\nA/A false CHEAPER rate, {kind}, 27% drift, 1-3% noise: {rate:.4f} (alpha/2 = 0.025)")
-    assert rate <= 0.025 + MC_SLACK
+@pytest.mark.parametrize("kind, n", [("aba-bab", 3), ("abba", 4)])
+def test_calibration_aa_with_27pct_drift_rarely_says_either_way(kind, n):
+    order = make_schedule(kind, n)
+    cheaper = verdict_rate(order, 1.0, CHEAPER, drift_total=0.27, noise=(0.01, 0.03), seed=1)
+    pricier = verdict_rate(order, 1.0, PRICIER, drift_total=0.27, noise=(0.01, 0.03), seed=1)
+    print(f"\nA/A {kind} x{n}, 27% drift, 1-3% noise: false CHEAPER {cheaper:.4f}, false PRICIER {pricier:.4f} "
+          "(alpha/2 = 0.025)")
+    assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
 
 
-def test_power_true_5pct_saving_detected_in_90pct_of_aba_bab_runs():
-    order = make_schedule("aba-bab", 3)
+def test_power_true_5pct_saving_detected_in_95pct_of_default_runs():
+    order = make_schedule("abba", 4)
     rate = verdict_rate(order, 0.95, CHEAPER, drift_total=0.27, noise=0.01, seed=2)
-    print(f"\npower, 5% saving, 1% noise, aba-bab x3: {rate:.4f}")
-    assert rate >= 0.90
-
-
-def naive_welch(obs):
-    """What a plain before/after does: a Welch t-test treating the runs as independent."""
-    b = np.log([o.cost for o in obs if o.arm == "baseline"])
-    c = np.log([o.cost for o in obs if o.arm == "candidate"])
-    res = sps.ttest_ind(c, b, equal_var=False)
-    return type("R", (), {"verdict": CHEAPER if res.statistic < 0 and res.pvalue / 2 < 0.025 else "other"})
-
-
-def test_naive_order_analysed_as_independent_fails_calibration():
-    order = ["baseline"] * 3 + ["candidate"] * 3
-    # drift makes the later (candidate) runs look pricier; a downward drift makes them look cheaper
-    rate = verdict_rate(order, 1.0, CHEAPER, drift_total=-0.27 / 1.27, noise=(0.01, 0.03), seed=3,
-                        analyse=naive_welch)
-    print(f"\nnaive B B B C C C, Welch t-test, A/A: false CHEAPER rate {rate:.3f}")
-    assert rate > 0.5
+    print(f"\npower, 5% saving, 1% noise, abba x4: {rate:.4f}")
+    assert rate >= 0.95
 
 
 def test_tool_warns_when_the_order_confounds_arm_with_time():
@@ -150,9 +189,12 @@ def test_tool_warns_when_the_order_confounds_arm_with_time():
 
 def test_inconclusive_says_how_many_more_replicates():
     rng = np.random.default_rng(5)
-    est = estimate(simulate(make_schedule("aba-bab", 2), 0.97, drift_total=0.0, noise_sd=0.02, rng=rng))
-    if est.verdict == INCONCLUSIVE:
-        assert est.more_replicates_per_arm is None or est.more_replicates_per_arm > 0
+    ests = [estimate(simulate(make_schedule("aba-bab", 2), 0.97, drift_total=0.0, noise_sd=0.02, rng=rng))
+            for _ in range(50)]
+    undecided = [e for e in ests if e.verdict == INCONCLUSIVE]
+    assert len(undecided) > 10  # the case is exercised, not skipped by luck
+    assert all(e.more_replicates_per_arm is None or e.more_replicates_per_arm > 0 for e in undecided)
+    assert any(e.more_replicates_per_arm for e in undecided)
 
 
 @pytest.mark.parametrize("obs, message", [
@@ -165,3 +207,24 @@ def test_inconclusive_says_how_many_more_replicates():
 def test_bad_observations(obs, message):
     with pytest.raises(ConfigError, match=message):
         estimate(obs)
+
+
+def test_lack_of_fit_is_flagged_for_curvature_and_rarely_for_linear_drift():
+    rng = np.random.default_rng(9)
+    order = make_schedule("abba", 4)
+
+    def run(kind):
+        return estimate(perturbed(order, 1.0, kind, noise_sd=0.005, rng=rng, warmup=False))
+
+    def flagged(est):
+        return any("more than linear drift" in w for w in est.warnings)
+
+    def linear_in_log():  # drift exactly linear in log cost: what the model assumes
+        return estimate([Observation(a, i, math.exp(0.24 * i / 7 + rng.normal(0, 0.005))) for i, a in enumerate(order)])
+
+    clean = sum(flagged(linear_in_log()) for _ in range(400)) / 400
+    curved = [run("curvature 3%") for _ in range(400)]
+    print(f"\nlack-of-fit flagged: linear drift {clean:.3f}, 3% curvature {sum(map(flagged, curved)) / 400:.3f}")
+    assert clean <= 0.08, clean
+    assert sum(map(flagged, curved)) / 400 >= 0.5
+    assert all("balanced against it" in " ".join(e.warnings) for e in curved if flagged(e))  # abba x4 is balanced

@@ -121,6 +121,9 @@ def test_bad_space_fails_before_any_engine_starts(tmp_path, monkeypatch, overrid
         sweep_cmd.run(cfg, Console(quiet=True))
 
 
+WHOLE = 2 + 2 + 1  # replicates of one comparison: 2 per arm and the warm-up run
+
+
 def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
     """A real process, killed with SIGKILL while measuring; the same command again finishes the sweep."""
     args = [sys.executable, "-m", "throttle_sweep", "backend=fake", *WORK, *SPACE, "study.name=k",
@@ -130,14 +133,14 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     proc = subprocess.Popen([*args, "fake.realtime=true", "fake.start_s=0.2"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # kill in the middle of the second trial (after 6 of its 4+4 replicates)
+    while time.monotonic() < deadline:  # kill in the second trial (after 6 records: its first replicate)
         if records.exists() and len(records.read_text().splitlines()) >= 6:
             break
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = read_records(records)
-    assert 6 <= len(before) < 5 * 4
+    assert 6 <= len(before) < 5 * WHOLE
     subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = read_records(records)
     assert after[: len(before)] == before  # nothing already measured was lost or rewritten
@@ -153,8 +156,8 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     used = {t.user_attrs["comparison"] for t in done}
     discarded = {c for t in done for c in t.user_attrs.get("discarded_comparisons", [])}
     for comparison in {r["comparison"] for r in before if r["stage"] == "search"}:
-        assert (comparison in used and counts[comparison] == 4) or (comparison in discarded and counts[comparison] < 4)
-    assert all(counts[c] == 4 for c in used)
+        assert (comparison in used and counts[comparison] == WHOLE) or (comparison in discarded and counts[comparison] < WHOLE)
+    assert all(counts[c] == WHOLE for c in used)
     assert study.user_attrs["winner"] is not None
 
 
@@ -323,7 +326,7 @@ def test_a_comparison_whose_slot_is_lost_starts_again_on_a_live_slot_and_nothing
     [hit] = [t for t in result.study.trials if lost[0]["comparison"] in t.user_attrs.get("discarded_comparisons", [])]
     assert hit.state == TrialState.COMPLETE and hit.user_attrs.get("blame") is None  # the candidate is not blamed
     redo = [r for r in written if r["comparison"] == hit.user_attrs["comparison"]]
-    assert len(redo) == 4 and {r["key"] for r in redo} == {f"trial-{hit.number}~1"} and {r["slot"] for r in redo} == {"s0"}
+    assert len(redo) == WHOLE and {r["key"] for r in redo} == {f"trial-{hit.number}~1"} and {r["slot"] for r in redo} == {"s0"}
     assert {r["slot"] for r in written if r["started_at"] > lost[0]["ended_at"]} == {"s0"}
     assert sum(t.state == TrialState.COMPLETE for t in result.study.trials) == 4 and result.winner is not None
 

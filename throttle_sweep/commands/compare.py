@@ -16,7 +16,7 @@ from throttle_sweep.progress import Progress
 from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
 from throttle_sweep.runlock import hold
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
+from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
 from throttle_sweep.settings import (
     arm_flags,
     concurrency_note,
@@ -62,22 +62,28 @@ def run(cfg: DictConfig, console: Console) -> int:
         preflight(engine, flags, spec, source=arm)
         if (note := concurrency_note(flags, spec, source=arm)) is not None:
             console.print(f"[yellow]note:[/] {note}", highlight=False)
-    order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed)
+    order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed, lead=cfg.compare.lead)
+    if cfg.compare.warmup_replicate:
+        order = with_warmup(order)
     out = run_dir(cfg)
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
         OmegaConf.save(cfg, out / "config.yaml")
         log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
-        comparison = comparison_id(arms, order, {"workload": asdict(spec), "backend": cfg.backend})
-        done = measured_positions(log.records, comparison)
+        comparison, done, discarded = fresh_or_complete(log.records, arms, order,
+                                                        {"workload": asdict(spec), "backend": cfg.backend})
         labels = arm_labels(arms[BASELINE], arms[CANDIDATE])
         console.print(f"compare {labels[BASELINE]} vs {labels[CANDIDATE]}: order "
-                      f"{' '.join('B' if a == BASELINE else 'C' for a in order)} ({cfg.compare.schedule}) -> "
-                      f"{log.path}")
-        if done:
-            console.print(f"resuming: {len(done)} of {len(order)} replicates already measured")
+                      f"{' '.join('B' if a == BASELINE else 'C' for a in order)} ({cfg.compare.schedule}"
+                      f"{', the first run a warm-up' if cfg.compare.warmup_replicate else ''}) -> {log.path}")
+        if discarded:
+            console.print(f"an earlier run left this comparison partial ({discarded} replicates, kept in the "
+                          "records): it starts again from scratch, so that one engine process measures it all")
+        elif done:
+            console.print(f"already measured: all {len(done)} replicates")
         environment = engine.environment()
         measure = partial(_measure, engine, spec, price, run_id=out.name, environment=environment,
-                          context={"comparison": comparison, "schedule": cfg.compare.schedule})
+                          context={"comparison": comparison, "schedule": cfg.compare.schedule},
+                          warmup=cfg.compare.warmup_replicate)
         progress = Progress(console, len(order) - len(done))
         records = run_schedule(
             measure, arms, order, write=log.append, done=done,
@@ -91,6 +97,20 @@ def run(cfg: DictConfig, console: Console) -> int:
     return 0
 
 
-def _measure(engine, spec, price, flags, arm, position, *, run_id, environment, context):
+def fresh_or_complete(records: list[dict], arms: dict, order: list[str], extra: dict
+                      ) -> tuple[str, dict[int, dict], int]:
+    """(comparison id, its records, how many replicates of partial attempts were set aside): a comparison
+    is measured whole in one run or not used; an interrupted one is started afresh as the next attempt."""
+    attempt, discarded = 0, 0
+    while True:
+        comparison = comparison_id(arms, order, {**extra, **({"attempt": attempt} if attempt else {})})
+        done = measured_positions(records, comparison)
+        if not done or len(done) == len(order):
+            return comparison, done, discarded
+        discarded += len(done)
+        attempt += 1
+
+
+def _measure(engine, spec, price, flags, arm, position, *, run_id, environment, context, warmup):
     return measure_replicate(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
-                             environment=environment, context=context)
+                             environment=environment, context={**context, "warmup": warmup and position == 0})

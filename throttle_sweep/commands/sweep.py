@@ -106,6 +106,7 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         max_p95_ttft_s=s.max_p95_ttft_s, max_p95_tpot_s=s.max_p95_tpot_s, max_p95_itl_s=s.max_p95_itl_s,
         cost_basis=cost_basis_from(cfg), schedule=cfg.compare.schedule,
         replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
+        warmup_replicate=cfg.compare.warmup_replicate,
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
         thresholds=thresholds_from(cfg), multi_objective=s.multi_objective)
 
