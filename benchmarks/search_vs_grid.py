@@ -26,8 +26,8 @@ KV = 96 * 16 * 1024
 WORK = ["backend=fake", "workload.num_requests=64", "workload.prompt_len=64", "workload.output_len=48",
         "workload.concurrency=32", "workload.warmup_requests=0", f"engine.kv_cache_memory_bytes={KV}",
         "+space=batching", "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
-        "space.max_num_batched_tokens.choices=[128,256,512,2048]", "plots=false", "compare.replicates=3",
-        "study.confirm_top=3", "study.confirm_replicates=3"]
+        "space.max_num_batched_tokens.choices=[128,256,512,2048]", "plots=false", "compare.replicates=2",
+        "study.confirm_top=3", "study.confirm_replicates=4"]
 
 
 def truth() -> dict[tuple[int, int], tuple[float, int]]:

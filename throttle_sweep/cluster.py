@@ -418,8 +418,7 @@ def end_leftovers(out: Path, say: Callable[[str], None]) -> int:
     """End the processes of a private Ray that a killed driver of this study left running. Called only by
     the holder of the study's lock (runlock.py), so the Ray it ends can only be a dead driver's. The file is
     not trusted as written: the temp dir must be one of ours, and a process is ended only if it is the one
-    noted (same start time, not a reused pid) and its command line or environment names that temp dir (Ray's
-    workers retitle themselves, but inherit the token path inside it from the driver: see lock_down)."""
+    noted (same start time, not a reused pid) and it shows that it belongs to that Ray (`belongs_to`)."""
     import psutil
 
     path = out / LEFTOVERS
@@ -440,7 +439,7 @@ def end_leftovers(out: Path, say: Callable[[str], None]) -> int:
         try:
             p = psutil.Process(int(proc["pid"]))
             same = abs(p.create_time() - float(proc["create_time"])) < 1e-3  # not a reused pid
-            if same and (any(temp in arg for arg in p.cmdline()) or any(temp in v for v in p.environ().values())):
+            if same and belongs_to(p, temp):
                 p.kill()
                 ended += 1
         except (psutil.Error, KeyError, TypeError, ValueError):
@@ -450,6 +449,15 @@ def end_leftovers(out: Path, say: Callable[[str], None]) -> int:
     if ended:
         say(f"ray: ended {ended} processes left by an earlier run of this study that was killed")
     return ended
+
+
+def belongs_to(process: Any, temp: str) -> bool:
+    """Does this process show that it is part of the private Ray in `temp`? Its command line names the dir
+    (GCS, raylet, monitors), or, for the processes Ray retitles (`ray::IDLE`, `ray::DashboardAgent`), the
+    log files its output goes to live there."""
+    if any(temp in arg for arg in process.cmdline()):
+        return True
+    return any(f.path.startswith(temp + os.sep) for f in process.open_files())
 
 
 def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price, *, run_id: str, out: Path,

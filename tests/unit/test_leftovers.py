@@ -1,0 +1,51 @@
+"""The leftovers of a killed driver's private Ray: ended only when they prove to be that Ray's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import psutil
+
+from throttle_sweep.cluster import LEFTOVERS, end_leftovers
+
+
+def started(*args):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+    return proc, {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time()}
+
+
+def test_only_processes_that_name_the_private_temp_dir_are_ended(tmp_path):
+    temp = tempfile.mkdtemp(prefix="ts-ray-", dir="/tmp")
+    ours, ours_info = started(f"--session-dir={temp}/session_x")
+    stranger, stranger_info = started("--unrelated")  # same pid and start time as noted, but not that Ray's
+    try:
+        (tmp_path / LEFTOVERS).write_text(json.dumps({"temp_dir": temp, "processes": [ours_info, stranger_info]}))
+        said = []
+        assert end_leftovers(tmp_path, said.append) == 1
+        assert ours.wait(timeout=10) is not None and stranger.poll() is None
+        assert not (tmp_path / LEFTOVERS).exists() and not os.path.exists(temp)
+    finally:
+        for proc in (ours, stranger):
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_leftovers_file_that_names_a_foreign_dir_ends_and_removes_nothing(tmp_path):
+    victim, info = started("/etc")
+    try:
+        (tmp_path / LEFTOVERS).write_text(json.dumps({"temp_dir": "/etc", "processes": [info]}))
+        said = []
+        assert end_leftovers(tmp_path, said.append) == 0
+        assert victim.poll() is None and os.path.isdir("/etc")
+        assert "not a private Ray temp dir of this tool" in said[0]
+        (tmp_path / LEFTOVERS).write_text("not json")
+        assert end_leftovers(tmp_path, said.append) == 0 and "not a leftovers file" in said[1]
+    finally:
+        victim.kill()
+        victim.wait()
