@@ -35,7 +35,7 @@ def test_more_sequences_in_flight_is_cheaper_until_the_cache_runs_out():
     one, eight = measure({"max_num_seqs": 1}), measure({"max_num_seqs": 8})
     assert eight["usd_per_mtok"] < 0.5 * one["usd_per_mtok"]
     assert one["preemptions"] == eight["preemptions"] == 0
-    tiny_cache = measure({"max_num_seqs": 8, "kv_cache_memory_bytes": 24 * 16 * 1024})
+    tiny_cache = measure({"max_num_seqs": 8, "kv_cache_memory_bytes": 24 * 16 * 1024, "block_size": 16})
     assert tiny_cache["preemptions"] > 0 and tiny_cache["output_tokens"] == eight["output_tokens"]
 
 
@@ -93,3 +93,15 @@ def test_measure_command_writes_a_record(tmp_path, capsys):
     (record,) = read_records(tmp_path / "one" / "replicates.jsonl")
     assert record["flags"]["max_num_seqs"] == 8 and record["status"] == "ok"
     assert "$" in capsys.readouterr().out
+
+
+def test_the_fake_splits_a_long_prompt_across_steps_with_chunked_prefill_and_refuses_it_without():
+    spec = WorkloadSpec(num_requests=4, prompt_len=64, output_len=8, concurrency=4, warmup_requests=0)
+    chunked = measure({"max_num_seqs": 4, "max_num_batched_tokens": 32}, spec=spec)
+    assert chunked["status"] == "ok" and chunked["output_tokens"] == 32
+    whole = measure({"max_num_seqs": 4, "max_num_batched_tokens": 32, "enable_chunked_prefill": False}, spec=spec)
+    assert whole["status"] == "failed" and "max_num_batched_tokens with chunked prefill off" in whole["reason"]
+
+
+def test_the_fake_uses_vllm_cpus_block_size_unless_told():
+    assert FakeEngine().start({}).block_size == 128 and FakeEngine().start({"block_size": 16}).block_size == 16

@@ -28,7 +28,7 @@ from throttle_sweep.workload import WorkloadSpec
 ROOT = Path(__file__).resolve().parents[2]
 KV = 48 * 16 * 1024  # 48 blocks of 16 tokens: the fake preempts once ~12 sequences of 64 tokens run at once
 WORK = ["workload.num_requests=32", "workload.prompt_len=16", "workload.output_len=48", "workload.concurrency=32",
-        "workload.warmup_requests=0", f"engine.kv_cache_memory_bytes={KV}"]
+        "workload.warmup_requests=0", f"engine.kv_cache_memory_bytes={KV}", "engine.block_size=16"]
 SPACE = ["+space=batching", "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
          "~space.max_num_batched_tokens"]
 
@@ -39,7 +39,7 @@ def truth():
     out = {}
     for n in range(1, 33):
         r = measure_replicate(FakeEngine(FakeKnobs()), {"max_num_seqs": n, "kv_cache_memory_bytes": KV,
-                                                        "max_model_len": 1024}, spec, Price(), run_id="t",
+                                                        "block_size": 16, "max_model_len": 1024}, spec, Price(), run_id="t",
                               arm="x", position=0, environment={})
         out[n] = (r["steady"]["usd_per_mtok"], r["preemptions"])  # the cost the sweep judges
     return out

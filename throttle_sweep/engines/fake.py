@@ -1,10 +1,14 @@
 """A fake engine for fast logic tests: a small simulation of vLLM's scheduler on a virtual clock.
 
-It admits up to `max_num_seqs` requests, charges step time per running sequence and per prefilled
-token, allocates KV-cache blocks as sequences grow, and preempts (recomputes) the newest sequence when
-blocks run out, as vLLM does. So its cost surface and preemption boundary are real consequences of the
-flags, known exactly when `noise_sd` is 0. Knobs inject drift, noise, start failures and mid-run crashes.
-With `realtime=True` a step also sleeps its simulated time (for wall-clock benchmarks).
+Like vLLM's v1 scheduler it runs up to `max_num_seqs` sequences, spends at most `max_num_batched_tokens`
+per step (one per decoding sequence, the rest on prefill, split across steps when chunked prefill is on,
+as by default), allocates KV-cache blocks (128 tokens by default, as vLLM's CPU backend) as sequences
+grow, preempts (recomputes) the newest sequence when blocks run out, and admits no new sequence in a step
+that preempted. Step time is an overhead plus a cost per sequence and per prefilled token: linear in the
+batch, with no compute knee, so its cost falls with every added sequence until preemption. Its cost
+surface and boundary are consequences of the flags, known exactly when `noise_sd` is 0; they are the
+fake's, not vLLM's (tests compare with a real engine where that matters). Knobs inject drift, noise, start
+failures, crashes and hangs. With `realtime=True` a step also sleeps its simulated time (for benchmarks).
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ class FakeSession:
         self.knobs = knobs
         self.max_num_seqs = int(flags.get("max_num_seqs") or 256)
         self.token_budget = int(flags.get("max_num_batched_tokens") or 8192)
-        self.block_size = int(flags.get("block_size") or 16)
+        self.block_size = int(flags.get("block_size") or 128)
+        self.chunked = flags.get("enable_chunked_prefill") is not False
         kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
         self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
         rng = random.Random(knobs.seed * 1_000_003 + start_index)
@@ -82,7 +87,7 @@ class FakeSession:
 
     def add(self, request: Request) -> None:
         self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,
-                             "done": 0, "blocks": 0, "prefilled": False})
+                             "done": 0, "blocks": 0, "computed": 0})
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -98,34 +103,49 @@ class FakeSession:
             os._exit(70)
         if self.hangs and self.steps > 3:
             time.sleep(3600)
-        # Grow running sequences by one token; preempt the newest when the cache is full (vLLM's policy).
+        # Decoding sequences (prefill complete) grow by one token; the newest is preempted when the cache is full.
+        preempted_now = False
         for seq in list(self.running):
-            if seq not in self.running:
+            if seq not in self.running or seq["computed"] < self._context(seq):
                 continue
             need = self._blocks_for(seq["prompt"] + seq["done"] + 1) - seq["blocks"]
             while need > self._free_blocks() and self.running:
                 victim = self.running.pop()
-                victim["blocks"], victim["prefilled"] = 0, False
+                victim["blocks"], victim["computed"] = 0, 0
                 self.waiting.appendleft(victim)
                 self.preempted += 1
+                preempted_now = True
                 if victim is seq:
                     break
             if seq in self.running:
                 seq["blocks"] += need
-        # Admit waiting sequences (prefill, or recompute after preemption) within budget and cache.
-        prefill_tokens = 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        decoding = [seq for seq in self.running if seq["computed"] >= self._context(seq)]
+        budget = self.token_budget - len(decoding)  # every decoding sequence spends one token of the budget
+        # Admit waiting sequences (prefill, or recompute after preemption), but not in a step that preempted.
+        while self.waiting and not preempted_now and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            tokens = seq["prompt"] + seq["done"]
-            blocks = self._blocks_for(tokens + 1)
-            if prefill_tokens + tokens > self.token_budget or blocks > self._free_blocks():
+            first = self._context(seq) if not self.chunked else min(self._context(seq), max(budget, 0))
+            if first <= 0 or (not self.chunked and first > budget) \
+                    or self._blocks_for(self._context(seq) + 1) > self._free_blocks():
                 break
             self.waiting.popleft()
-            seq["blocks"], seq["prefilled"] = blocks, True
-            prefill_tokens += tokens
+            seq["blocks"] = self._blocks_for(self._context(seq) + 1)
             self.running.append(seq)
+            budget -= first
+            seq["computed"] = first
+            seq["chunked_now"] = True
+        # Sequences admitted in an earlier step with prefill still to do take the next chunks.
+        prefill_tokens = sum(seq["computed"] for seq in self.running if seq.pop("chunked_now", False))
+        for seq in self.running:
+            left = self._context(seq) - seq["computed"]
+            if left > 0 and seq not in decoding and budget > 0 and seq["computed"] > 0:
+                chunk = min(left, budget)
+                seq["computed"] += chunk
+                prefill_tokens += chunk
+                budget -= chunk
         if not self.running:
-            raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists")
+            raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists, or its "
+                                 "prompt exceeds max_num_batched_tokens with chunked prefill off")
         elapsed = (self.knobs.step_overhead_s + self.knobs.per_seq_s * len(self.running)
                    + self.knobs.per_prefill_token_s * prefill_tokens) * self.speed
         self.clock += elapsed
@@ -133,12 +153,19 @@ class FakeSession:
             time.sleep(elapsed)
         events = []
         for seq in list(self.running):
+            if seq["computed"] < self._context(seq):
+                continue  # still prefilling: no token this step
             seq["done"] += 1
+            seq["computed"] = self._context(seq)
             finished = seq["done"] >= seq["out"]
             events.append(StepEvent(seq["id"], seq["done"], finished, seq["prompt"]))
             if finished:
                 self.running.remove(seq)
         return events
+
+    def _context(self, seq: dict) -> int:
+        """Tokens that must be in the KV cache before the sequence can produce its next token."""
+        return seq["prompt"] + seq["done"]
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
