@@ -37,8 +37,9 @@ LATE_NOTE_S = 0.005  # open loop: lateness beyond this (and beyond 10% of the me
 
 def steady_window(result: DriveResult) -> tuple[float, int] | None:
     """(seconds, output tokens) of a closed loop's steady part: from the start to the end of the last step that
-    began with the whole concurrency in flight. After it, the work drains: fewer requests are left than the
-    engine could run, so the tail's cost follows how the fixed work splits into waves, not the flags."""
+    began with the engine full (as many in flight as it runs at once: the concurrency, or max_num_seqs if
+    lower). After it, the work drains: fewer requests are left than the engine could run, so the tail's cost
+    follows how the fixed work splits into waves, not the flags."""
     if not result.full:
         return None
     end, tokens = None, 0
@@ -145,7 +146,8 @@ def measure_replicate(
         if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
         before = session.preemptions()
-        result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency)
+        result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,
+                       batch_limit=flags.get("max_num_seqs"))
         record.update(summarise(result, spec, price))
         record["preemptions"] = session.preemptions() - before
         record["status"], record["reason"] = "ok", None

@@ -481,7 +481,7 @@ class Sweep:
 
     # ---- confirmation -----------------------------------------------------------------------------------
     def confirm(self) -> list[Confirmation]:
-        """Fresh interleaved replicates for the best few, Holm-corrected across them."""
+        """Fresh interleaved replicates for the best few; their intervals Bonferroni-adjusted across them."""
         # multi-objective: the cheapest points of the Pareto front (the others trade cost for latency)
         todo = (self.pareto() if self.settings.multi_objective else self.ranked(self.settings.confirm_top)
                 )[: self.settings.confirm_top]

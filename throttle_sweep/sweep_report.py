@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
-from throttle_sweep.sweep import SweepResult, cost, feasible
+from throttle_sweep.sweep import WINNER_RULE, SweepResult, cost, feasible
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
@@ -109,13 +109,19 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         out.append(f"for information, cheapest with preemption allowed: {fmt_params(cheapest.params)} ratio "
                    f"{cost(cheapest):.3f} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
     for c in result.confirmations:
-        est = (c.adjusted or c.analysis).estimate
+        quoted = c.adjusted or c.analysis
+        est = quoted.estimate
+        line = f"confirm trial {c.source_trial} {fmt_params(c.params)}: "
         if est is None:
-            out.append(f"confirm trial {c.source_trial} {fmt_params(c.params)}: {c.analysis.verdict}")
-            continue
-        out.append(f"confirm trial {c.source_trial} {fmt_params(c.params)}: ratio {est.ratio:.3f} "
-                   f"[{est.ci_low:.3f}, {est.ci_high:.3f}] (interval adjusted for {len(result.confirmations)} "
-                   f"confirmed), {'CHEAPER, Holm-significant' if c.significant else c.analysis.verdict}")
+            line += quoted.verdict
+        else:
+            line += (f"ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}] (Bonferroni-adjusted for "
+                     f"{len(result.confirmations)} confirmed), {quoted.verdict}")
+        if c.broken:
+            line += f"; cannot win: {'; '.join(c.broken)}"
+        out.append(line)
+    if result.confirmations:
+        out.append(WINNER_RULE)
     if result.winner is not None:
         est = (result.winner.adjusted or result.winner.analysis).estimate
         cand = [cost for _, cost in result.winner.analysis.costs("candidate")]

@@ -143,17 +143,19 @@ class DriveResult:
     finished_s: float
     peak_kv_cache_usage: float
     steps: list[Step] = field(default_factory=list)
-    full: int = 0  # closed loop: the in-flight count that means "the engine sees the whole concurrency"
+    full: int = 0  # closed loop: in flight = the whole concurrency (see `drive`'s batch_limit)
 
     @property
     def wall_s(self) -> float:
         return self.finished_s - self.started_s
 
 
-def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, concurrency: int) -> DriveResult:
+def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, concurrency: int,
+          batch_limit: int | None = None) -> DriveResult:
     """Push every request through the session: a closed loop keeps `concurrency` in flight; an open loop
     submits each at its arrival offset (it can only do so between steps, so it records when each was due:
-    latency counts from then). Returns per-request and per-step timings on the session's clock."""
+    latency counts from then). Returns per-request and per-step timings on the session's clock.
+    `batch_limit` is the most the engine runs at once (max_num_seqs): with that many in flight it is full."""
     pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
     pending.reverse()  # pop() from the end = next request in order
     timings: dict[str, RequestTiming] = {}
@@ -199,5 +201,5 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
                 timing.finished_s = now
                 in_flight -= 1
         steps.append(Step(now, began_with, produced))
-    full = min(concurrency, len(requests)) if loop == "closed" else 0
+    full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0
     return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv, steps, full)

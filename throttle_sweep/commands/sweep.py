@@ -212,11 +212,14 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
         study.set_metric_names(["cost_ratio_vs_baseline", "p95_e2e_s"][: len(study.directions)])
     study.set_user_attr("baseline", baseline)
     console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
-                  f"{settings.replicates}+{settings.replicates} interleaved replicates each, {pool.size} slot(s); "
+                  f"{settings.replicates}+{settings.replicates} interleaved replicates each ({settings.schedule}"
+                  f"{', after a warm-up run' if settings.warmup_replicate else ''}), {pool.size} slot(s); "
                   f"baseline {baseline}; study {storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
-    total = settings.n_trials * 2 * settings.replicates + settings.confirm_top * 2 * settings.confirm_replicates
+    warmup = int(settings.warmup_replicate)
+    total = (settings.n_trials * (2 * settings.replicates + warmup)
+             + settings.confirm_top * (2 * settings.confirm_replicates + warmup))
     progress = Progress(console, total)
     return Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
                  workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
