@@ -25,6 +25,7 @@ CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
     "VLLM_LOGGING_LEVEL": "ERROR",  # our results are the output; set VLLM_LOGGING_LEVEL=INFO to see vLLM
+    "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's C++ warnings (a NUMA-binding line per engine start)
 }
 
 
