@@ -176,7 +176,9 @@ def _normalise(row: Mapping[str, Any], where: str) -> dict[str, Any]:
                           f"{row['order']!r} and {row['usd_per_mtok']!r}") from None
     if not cost > 0:
         raise RecordError(f"{where}: usd_per_mtok must be > 0, but got {row['usd_per_mtok']!r}")
-    out = {k: v for k, v in row.items() if k not in ("arm", "order", "usd_per_mtok")}
+    out = {k: v for k, v in row.items() if k not in ("arm", "order", "usd_per_mtok", "warmup")}
+    if "warmup" in row:  # a CSV says "false" as text: only a clear yes marks an unmeasured warm-up run
+        out["warmup"] = str(row["warmup"]).strip().lower() in ("true", "1", "yes")
     return {**out, "arm": arm, "position": int(order) if order.is_integer() else order, "usd_per_mtok": cost,
             "status": "ok"}
 

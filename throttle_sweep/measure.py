@@ -147,7 +147,7 @@ def measure_replicate(
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
         before = session.preemptions()
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,
-                       batch_limit=flags.get("max_num_seqs"))
+                       batch_limit=getattr(session, "max_num_seqs", None) or flags.get("max_num_seqs"))
         record.update(summarise(result, spec, price))
         record["preemptions"] = session.preemptions() - before
         record["status"], record["reason"] = "ok", None

@@ -40,6 +40,7 @@ def make_schedule(kind: str, replicates: int, *, seed: int = 0, lead: str = BASE
     else:
         rng = random.Random(seed)
         blocks = [rng.sample([b, c], 2) for _ in range(replicates)]
+        blocks[0] = [b, c]  # the lead runs first here too
     order: list[str] = []
     counts = {b: 0, c: 0}
     i = 0

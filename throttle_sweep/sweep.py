@@ -102,10 +102,10 @@ def broken_constraints(attrs: Mapping[str, Any], settings: SweepSettings) -> lis
             for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True) if value > 0]
 
 
-def leader(index: int) -> str:
-    """Which arm runs first in the index-th comparison: they take turns, so a slow (or fast) first run of a
-    comparison favours neither arm across the sweep."""
-    return CANDIDATE if index % 2 else BASELINE
+def leader(trial_number: int) -> str:
+    """Which arm runs first in a trial's comparisons: even and odd trial numbers take turns, so a slow (or
+    fast) first run favours neither arm across the sweep; tied to the trial, it is the same on a resume."""
+    return CANDIDATE if trial_number % 2 else BASELINE
 
 
 def params_key(params: Mapping[str, Any]) -> str:
@@ -428,12 +428,14 @@ class Sweep:
                 trial.set_user_attr("blame", fault.blame)
                 trial.set_user_attr("reason", why)
                 trial.set_user_attr("comparison", comp.id)
-                trial.set_user_attr("attempts_exhausted", fault.blame != "candidate")
+                trial.set_user_attr("attempts_exhausted", fault.blame == "slot")  # the flags' fault or the slot's
                 self.study.tell(trial, state=TrialState.FAIL)
                 self.say(f"trial {trial.number} {trial.params}: FAILED ({why})")
                 if fault.blame == "baseline":
-                    raise BaselineFails(f"the baseline {self.baseline_flags} failed {comp.faults + 1} times in a "
-                                        f"row ({fault.record.get('reason')}); fix the baseline and run again")
+                    raise BaselineFails(f"the baseline {self.baseline_flags} failed again ({comp.faults + 1} attempts "
+                                        f"at this comparison stopped by faults, the last: {fault.record.get('reason')});"
+                                        " a comparison against it cannot mean anything: fix what makes it fail (the "
+                                        "same baseline flags, or the study refuses them) and run again")
                 return
             analysis = analyse(list(comp.records.values()), self.settings.thresholds,
                                token_tolerance=self.settings.token_tolerance, cost=self.settings.cost_basis)
@@ -496,7 +498,7 @@ class Sweep:
                 return None
             t = queue.pop(0)
             comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
-                                   self.settings.confirm_replicates, slot, lead=leader(todo.index(t)))
+                                   self.settings.confirm_replicates, slot, lead=leader(t.number))
             comp.source_trial = t.number
             return comp
 

@@ -169,3 +169,16 @@ def test_a_rerun_without_a_winner_leaves_no_stale_winner_to_export(tmp_path):
     assert not (tmp_path / "w" / "best").exists() and list(tmp_path.glob("w/best.superseded-*"))
     with pytest.raises(ConfigError, match="no confirmed winner"):
         export_cmd.run(compose_cfg(*args, "mode=export", tmp_path=tmp_path), Console(quiet=True))
+
+
+def test_a_resume_with_another_baseline_is_refused_before_anything_is_measured(tmp_path, monkeypatch):
+    args = ["backend=fake", "workload.num_requests=8", "workload.prompt_len=16", "workload.output_len=16",
+            "workload.concurrency=8", "workload.warmup_requests=0", "+space=batching", "~space.max_num_batched_tokens",
+            "space.max_num_seqs.low=4", "space.max_num_seqs.high=8", "study.name=b", "study.sampler=grid",
+            "study.n_trials=1", "compare.replicates=2", "study.confirm_top=0", "plots=false"]
+    assert sweep_cmd.run(compose_cfg(*args, tmp_path=tmp_path), Console(quiet=True)) == 0
+    monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
+    with pytest.raises(ConfigError, match=r"measured with another baseline \(max_num_seqs: \{'max_num_seqs': 1\} then"):
+        sweep_cmd.run(compose_cfg(*args, "baseline.max_num_seqs=2", tmp_path=tmp_path), Console(quiet=True))
+    with pytest.raises(ConfigError, match="measured with another workload"):
+        sweep_cmd.run(compose_cfg(*args, "workload.output_len=32", tmp_path=tmp_path), Console(quiet=True))

@@ -109,6 +109,7 @@ def perturbed(order, ratio, kind, *, noise_sd, rng, warmup):
     for i, arm in enumerate(runs):
         factor = 1 + 0.27 * i / (n - 1)
         factor *= {"none": 1.0, "slow first 5%": 1.05 if i == 0 else 1.0, "slow first 10%": 1.10 if i == 0 else 1.0,
+                   "slow start fading 8-4-2%": {0: 1.08, 1: 1.04, 2: 1.02}.get(i, 1.0),
                    "curvature 3%": 1 + 0.03 * (2 * i / (n - 1) - 1) ** 2,
                    "alternation 1.1%": 1.011 if i % 2 == 0 else 0.989}[kind]
         obs.append(Observation(arm, i, factor * (ratio if arm == "candidate" else 1.0)
@@ -116,7 +117,8 @@ def perturbed(order, ratio, kind, *, noise_sd, rng, warmup):
     return obs[1:] if warmup else obs
 
 
-PERTURBATIONS = ["none", "slow first 5%", "slow first 10%", "curvature 3%", "alternation 1.1%"]
+PERTURBATIONS = ["none", "slow first 5%", "slow first 10%", "slow start fading 8-4-2%", "curvature 3%",
+                 "alternation 1.1%"]
 
 
 @pytest.mark.parametrize("kind", PERTURBATIONS)

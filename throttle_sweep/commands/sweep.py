@@ -139,6 +139,7 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
                settings: SweepSettings) -> int:
     say = partial(console.print, highlight=False)
     study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
+    same_measurement(study, baseline=baseline, workload=asdict(spec))
     OmegaConf.save(cfg, out / "config.yaml")
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
@@ -183,6 +184,20 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     return 0
 
 
+def same_measurement(study: optuna.Study, *, baseline: dict[str, Any], workload: dict[str, Any]) -> None:
+    """A study's ratios are against one baseline on one workload: a resume with either changed would rank
+    ratios against different things side by side, so it is refused."""
+    for key, now in (("baseline", baseline), ("workload", workload)):
+        before = study.user_attrs.get(key)
+        if before is not None and before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise ConfigError(f"study {study.study_name!r} was measured with another {key} ({', '.join(changed)}: "
+                              f"{ {k: before.get(k) for k in changed} } then, { {k: now.get(k) for k in changed} } "
+                              "now); its ratios cannot be ranked with new ones: choose another study.name")
+    study.set_user_attr("baseline", baseline)
+    study.set_user_attr("workload", workload)
+
+
 def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],
                settings: SweepSettings) -> optuna.Study:
     """Create the study, or load it to resume; refused if its objectives differ from this run's."""
@@ -210,7 +225,6 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
     with warnings.catch_warnings():  # set_metric_names is "experimental"; it names the axes in optuna-dashboard
         warnings.simplefilter("ignore")
         study.set_metric_names(["cost_ratio_vs_baseline", "p95_e2e_s"][: len(study.directions)])
-    study.set_user_attr("baseline", baseline)
     console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
                   f"{settings.replicates}+{settings.replicates} interleaved replicates each ({settings.schedule}"
                   f"{', after a warm-up run' if settings.warmup_replicate else ''}), {pool.size} slot(s); "

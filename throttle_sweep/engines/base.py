@@ -39,6 +39,7 @@ class StepEvent:
 
 class EngineSession(Protocol):
     start_seconds: float  # how long the engine took to start
+    max_num_seqs: int | None  # how many sequences the engine runs at once, as it resolved its own default
 
     def add(self, request: Request) -> None: ...
     def step(self) -> list[StepEvent]: ...

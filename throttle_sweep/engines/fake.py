@@ -121,6 +121,16 @@ class FakeSession:
                 seq["blocks"] += need
         decoding = [seq for seq in self.running if seq["computed"] >= self._context(seq)]
         budget = self.token_budget - len(decoding)  # every decoding sequence spends one token of the budget
+        # Running sequences with prefill still to do take their next chunks first (vLLM schedules running
+        # requests before waiting ones).
+        prefill_tokens = 0
+        for seq in self.running:
+            left = self._context(seq) - seq["computed"]
+            if left > 0 and budget > 0:
+                chunk = min(left, budget)
+                seq["computed"] += chunk
+                prefill_tokens += chunk
+                budget -= chunk
         # Admit waiting sequences (prefill, or recompute after preemption), but not in a step that preempted.
         while self.waiting and not preempted_now and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -133,16 +143,7 @@ class FakeSession:
             self.running.append(seq)
             budget -= first
             seq["computed"] = first
-            seq["chunked_now"] = True
-        # Sequences admitted in an earlier step with prefill still to do take the next chunks.
-        prefill_tokens = sum(seq["computed"] for seq in self.running if seq.pop("chunked_now", False))
-        for seq in self.running:
-            left = self._context(seq) - seq["computed"]
-            if left > 0 and seq not in decoding and budget > 0 and seq["computed"] > 0:
-                chunk = min(left, budget)
-                seq["computed"] += chunk
-                prefill_tokens += chunk
-                budget -= chunk
+            prefill_tokens += first
         if not self.running:
             raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists, or its "
                                  "prompt exceeds max_num_batched_tokens with chunked prefill off")
@@ -205,6 +206,9 @@ class FakeEngine:
     def start(self, flags: Mapping[str, Any]) -> FakeSession:
         index = self.starts
         self.starts += 1
+        seqs, tokens = flags.get("max_num_seqs"), flags.get("max_num_batched_tokens")
+        if seqs is not None and tokens is not None and tokens < seqs:  # vLLM refuses this too
+            raise EngineStartError(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs})")
         for name, limit in self.knobs.fail_start_when.items():
             if (flags.get(name) or 0) > limit:
                 raise EngineStartError(f"fake engine refuses {name}={flags.get(name)} (> {limit})")

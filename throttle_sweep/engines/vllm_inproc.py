@@ -47,6 +47,10 @@ class VllmSession:
         self._scheduler = self._engine.engine_core.engine_core.scheduler
         self._sampling = SamplingParams
         self.start_seconds = 0.0
+        try:  # the engine's own value when the flag was left to vLLM's default
+            self.max_num_seqs: int | None = int(self._engine.vllm_config.scheduler_config.max_num_seqs)
+        except (AttributeError, TypeError, ValueError):
+            self.max_num_seqs = None
 
     def add(self, request: Request) -> None:
         params = self._sampling(
