@@ -184,7 +184,9 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
     """The drift-aware candidate/baseline cost ratio, its interval and the verdict."""
     check_observations(observations)
     coef, cov, df = fit(observations)
-    effect, se = float(coef[1]), float(math.sqrt(cov[1, 1])) if df > 0 else float("nan")
+    effect, se = float(coef[1]), float(math.sqrt(max(cov[1, 1], 0.0))) if df > 0 else float("nan")
+    if df > 0 and se <= 1e-12 * max(1.0, abs(effect)):
+        se = 0.0  # a perfect fit up to rounding (a deterministic engine): no scatter to speak of
     tq = sps.t.ppf(1 - thresholds.alpha / 2, df) if df > 0 else float("inf")
     lo, hi = math.exp(effect - tq * se), math.exp(effect + tq * se)
     if df > 0 and se > 0:

@@ -35,8 +35,7 @@ def boundary(study: optuna.Study) -> list[str]:
     later); where preempting and clean values interleave, it says there is no clean boundary."""
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
             and "preemptions" in t.user_attrs and "duplicate_of" not in t.user_attrs]
-    ordered = (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)
-    flags = sorted({k for t in done for k, d in t.distributions.items() if isinstance(d, ordered)})
+    flags = sorted({k for t in done for k, d in t.distributions.items() if _ordered(d)})
     lines = []
     for flag in flags:
         groups: dict[tuple, list[optuna.trial.FrozenTrial]] = {}
@@ -51,6 +50,14 @@ def boundary(study: optuna.Study) -> list[str]:
         if not readable and groups:
             lines.append(f"no boundary along {flag} can be read: no two trials differ in {flag} alone")
     return lines
+
+
+def _ordered(dist: optuna.distributions.BaseDistribution) -> bool:
+    """A flag with an order: int or float ranges, or choices that are all numbers (not booleans)."""
+    if isinstance(dist, optuna.distributions.IntDistribution | optuna.distributions.FloatDistribution):
+        return True
+    choices = getattr(dist, "choices", ())
+    return bool(choices) and all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices)
 
 
 def _boundary_line(flag: str, trials: list[optuna.trial.FrozenTrial]) -> str:

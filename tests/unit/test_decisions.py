@@ -182,3 +182,19 @@ def test_a_resume_with_another_baseline_is_refused_before_anything_is_measured(t
         sweep_cmd.run(compose_cfg(*args, "baseline.max_num_seqs=2", tmp_path=tmp_path), Console(quiet=True))
     with pytest.raises(ConfigError, match="measured with another workload"):
         sweep_cmd.run(compose_cfg(*args, "workload.output_len=32", tmp_path=tmp_path), Console(quiet=True))
+
+
+def test_the_boundary_sentence_reads_numeric_choices_too():
+    from optuna.distributions import CategoricalDistribution
+
+    dist = {"max_num_batched_tokens": CategoricalDistribution([1024, 2048, 4096])}
+    study = study_of([({"max_num_batched_tokens": b}, p) for b, p in ((1024, 0), (2048, 0), (4096, 3))], dist)
+    assert boundary(study) == ["preemption starts between max_num_batched_tokens 2048 (none) and 4096 (preempted)"]
+    flags = {"enable_prefix_caching": CategoricalDistribution([True, False])}
+    assert boundary(study_of([({"enable_prefix_caching": v}, 0) for v in (True, False)], flags)) == []
+
+
+def test_a_standard_error_that_is_only_rounding_noise_counts_as_zero():
+    order = make_schedule("abba", 2)
+    est = estimate([Observation(a, i, 0.9 if a == "candidate" else 1.0) for i, a in enumerate(order)])
+    assert est.p_value == 0.0 and est.ci_low == est.ci_high == pytest.approx(0.9)
