@@ -26,7 +26,7 @@ from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of,
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
-from throttle_sweep.stats import CHEAPER, Thresholds
+from throttle_sweep.stats import CHEAPER, Thresholds, clearly_lower
 
 
 class SweepStopped(ThrottleSweepError):
@@ -126,16 +126,31 @@ class Confirmation:
         return (self.adjusted or self.analysis).verdict == CHEAPER
 
 
-def choose_winner(confirmations: Sequence[Confirmation]) -> Confirmation | None:
-    """The winner rule: among confirmed savings that keep every constraint in confirmation too, the one whose
-    adjusted interval has the lowest upper bound, i.e. the largest saving that the data guarantee (a wide
-    interval around a low estimate is luck as often as it is a saving)."""
+def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
+                  ) -> tuple[Confirmation | None, list[Confirmation]]:
+    """The winner rule, and the candidates it could not tell the winner from. Eligible: confirmed savings
+    (the adjusted interval below 1) that kept every constraint in confirmation too. The one with the lowest
+    estimate wins if a direct contrast shows it cheaper than each other eligible one; otherwise those it
+    cannot be told from are tied with it, and of the tied, the lowest upper bound (the surest saving) wins."""
     eligible = [c for c in confirmations if c.significant and not c.broken]
-    return min(eligible, key=lambda c: (c.adjusted or c.analysis).estimate.ci_high, default=None)
+    if not eligible:
+        return None, []
+
+    def est(c: Confirmation) -> Any:
+        return c.analysis.estimate
+
+    lowest = min(eligible, key=lambda c: est(c).ratio)
+    tied = [c for c in eligible if c is not lowest and not clearly_lower(est(lowest), est(c), alpha)]
+    if not tied:
+        return lowest, []
+    pool = [lowest, *tied]
+    winner = min(pool, key=lambda c: (c.adjusted or c.analysis).estimate.ci_high)
+    return winner, [c for c in pool if c is not winner]
 
 
-WINNER_RULE = ("winner rule: a confirmed saving (its adjusted interval wholly below 1) that kept every constraint "
-               "in confirmation too; among those, the lowest upper bound")
+WINNER_RULE = ("winner rule: among confirmed savings (adjusted interval wholly below 1) that kept every constraint "
+               "in confirmation too, the lowest estimate if a direct contrast shows it cheaper than each other one; "
+               "if not, of those it cannot be told from, the surest saving (lowest upper bound)")
 
 
 @dataclass
@@ -146,6 +161,7 @@ class SweepResult:
     records: list[dict[str, Any]]
     pareto: list[optuna.trial.FrozenTrial] = field(default_factory=list)  # multi-objective only
     cost_basis: str = "steady"  # which cost per token the ratios judge
+    tied: list[Confirmation] = field(default_factory=list)  # confirmed savings the winner could not be told from
 
 
 def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:
@@ -527,7 +543,7 @@ class Sweep:
     def run(self) -> SweepResult:
         self.search()
         confirmations = self.confirm()
-        winner = choose_winner(confirmations)
+        winner, tied = choose_winner(confirmations, self.settings.thresholds.alpha)
         return SweepResult(self.study, confirmations, winner, self.records,
                            pareto=self.pareto() if self.settings.multi_objective else [],
-                           cost_basis=self.settings.cost_basis)
+                           cost_basis=self.settings.cost_basis, tied=tied)

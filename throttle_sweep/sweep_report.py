@@ -129,10 +129,13 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         out.append(line)
     if result.confirmations:
         out.append(WINNER_RULE)
+    if result.tied:
+        out.append("tied with the winner (no direct contrast tells them apart): " + ", ".join(
+            f"trial {c.source_trial} {fmt_params(c.params)}" for c in result.tied))
     if result.winner is not None:
         est = (result.winner.adjusted or result.winner.analysis).estimate
         cand = [cost for _, cost in result.winner.analysis.costs("candidate")]
-        out.append(f"winner, the surest confirmed saving (every constraint kept; max {max_preemptions} preemptions): "
+        out.append(f"winner (every constraint kept; max {max_preemptions} preemptions): "
                    f"{fmt_params(result.winner.params)}: "
                    f"{100 * (est.ratio - 1):+.1f}% cost vs baseline (CI {100 * (est.ci_low - 1):+.1f}% to "
                    f"{100 * (est.ci_high - 1):+.1f}%), ${min(cand):.4f}-${max(cand):.4f}/M output tokens in "
