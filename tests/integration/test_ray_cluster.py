@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A fake engine that really sleeps: every replicate takes ~0.4 s of wall time, so slots truly overlap.
 FAKE = ["backend=fake", "fake.realtime=true", "fake.start_s=0.3", "workload.num_requests=8",
         "workload.prompt_len=16", "workload.output_len=16", "workload.concurrency=8", "workload.warmup_requests=0",
-        "engine.kv_cache_memory_bytes=131072", "+space=batching", "space.max_num_seqs.low=1",
+        "engine.kv_cache_memory_bytes=131072", "engine.block_size=16", "+space=batching", "space.max_num_seqs.low=1",
         "space.max_num_seqs.high=8", "space.max_num_seqs.log=false", "~space.max_num_batched_tokens",
         "study.sampler=grid", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2", "plots=false"]
 
