@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -323,7 +324,19 @@ def connect(ray_conf: Mapping[str, Any], out: Path, say: Callable[[str], None]) 
         return lambda: None  # the caller's own Ray (a library user, a test): theirs to stop
     address = ray_conf.get("address") or os.environ.get("RAY_ADDRESS")
     if address:
-        init_keeping_sigterm(address=address, log_to_driver=False, configure_logging=False, namespace="throttle_sweep")
+        why_not = unreachable(address)
+        try:
+            if why_not is None:
+                init_keeping_sigterm(address=address, log_to_driver=False, configure_logging=False,
+                                     namespace="throttle_sweep")
+        except ConnectionError as exc:
+            why_not = str(exc).strip().splitlines()[0]
+        if why_not is not None:
+            raise ClusterError(
+                f"ray.address={address!r}: no Ray cluster answered there ({why_not}). Start one with `ray start "
+                "--head` on the head node and give its GCS address as HOST:PORT (default port 6379), or use "
+                "ray.address=auto on a node of a running cluster (for a head started on this machine's loopback, "
+                "set RAY_TMPDIR to its temp dir), or leave ray.address unset for a private Ray on this machine")
         say(f"ray: joined the cluster at {address} ({ray.cluster_resources().get('GPU', 0):g} GPUs, "
             f"{ray.cluster_resources().get('CPU', 0):g} CPUs)")
         return ray.shutdown
@@ -391,6 +404,19 @@ def lock_down(temp: str) -> Callable[[], None]:
         AuthenticationTokenLoader.instance().reset_cache()
 
     return unlock
+
+
+def unreachable(address: str) -> str | None:
+    """Why nothing can answer at a HOST:PORT address, found in seconds, or None. Ray itself retries an
+    address where nothing listens for minutes; 'auto' and URLs are left to Ray."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            return None
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
 
 
 def init_keeping_sigterm(**kwargs: Any) -> None:

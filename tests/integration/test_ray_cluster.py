@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from tests.helpers import compose_cfg
+from throttle_sweep.cluster import belongs_to
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.records import read_records
 from throttle_sweep.sweep import MAX_ATTEMPTS
@@ -51,7 +52,7 @@ def cluster():
     c = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": f"{temp}/ray"})
     worker = c.add_node(**node)
     c.wait_for_nodes()
-    c.worker = worker
+    c.worker, c.temp = worker, temp
     try:
         yield c
     finally:
@@ -130,8 +131,9 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
 
     def kill_a_measuring_actor():
         for p in psutil.process_iter(["pid", "cmdline"]):
-            # Ray titles an actor's process with the task it runs: this one is inside measure() now
-            if (p.info["cmdline"] or [""])[0].startswith("ray::SlotActor.measure"):
+            # Ray titles an actor's process with the task it runs: this one is inside measure() now; and it is
+            # this cluster's (another Ray on the machine may run the same actors)
+            if (p.info["cmdline"] or [""])[0].startswith("ray::SlotActor.measure") and belongs_to(p, cluster.temp):
                 victims.append((p.info["pid"], dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")))
                 p.kill()
                 return True

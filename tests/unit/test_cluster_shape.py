@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from throttle_sweep.cluster import ClusterError, SlotShape, hostable_slots, slot_shape
@@ -33,3 +35,22 @@ def test_dead_nodes_host_nothing():
              {"Alive": False, "Resources": {"GPU": 2.0, "CPU": 2.0}},
              {"Alive": True, "Resources": {"GPU": 4.0, "CPU": 1.0}}]  # CPU-bound: one slot
     assert hostable_slots(nodes, shape) == 3
+
+
+def test_a_ray_address_where_nothing_listens_gets_a_clear_error_in_seconds(tmp_path):
+    import time
+
+    import pytest
+
+    from tests.helpers import compose_cfg
+    from throttle_sweep.cluster import ClusterError, connect
+
+    with socket.socket() as probe:  # a loopback port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg = compose_cfg("ray.enabled=true", f"ray.address=127.0.0.1:{port}", tmp_path=tmp_path)
+    began = time.monotonic()
+    with pytest.raises(ClusterError, match=rf"ray.address='127.0.0.1:{port}': no Ray cluster answered there .*"
+                                           "ray start --head"):
+        connect(dict(cfg.ray), tmp_path, lambda _: None)
+    assert time.monotonic() - began < 10
