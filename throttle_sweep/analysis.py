@@ -35,10 +35,13 @@ class Analysis:
     def cost_of(self, record: Mapping[str, Any]) -> float:
         return judged_cost(record, self.basis)
 
+    def replicates(self, arm: str) -> list[dict[str, Any]]:
+        """The arm's measured replicates that succeeded (the warm-up run is not one), in run order."""
+        return [r for r in self.records if r["arm"] == arm and _ok(r) and not r.get("warmup")]
+
     def costs(self, arm: str) -> list[tuple[int, float]]:
-        """(position, judged cost) of the arm's measured replicates (the warm-up run is not one)."""
-        return [(r["position"], self.cost_of(r)) for r in self.records
-                if r["arm"] == arm and _ok(r) and not r.get("warmup")]
+        """(position, judged cost) of the arm's measured replicates."""
+        return [(r["position"], self.cost_of(r)) for r in self.replicates(arm)]
 
 
 def judged_cost(record: Mapping[str, Any], basis: str) -> float:

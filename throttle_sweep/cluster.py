@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeKnobs, make_engine
+from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.measure import failed_record, measure_replicate, record_header
 from throttle_sweep.pool import Job
@@ -178,7 +179,7 @@ class RayPool:
         return len(self.actors)
 
     def timeout_for(self, job: Job) -> float:
-        took = self.took.get(_flags_key(job.flags))
+        took = self.took.get(flags_key(job.flags))
         return self.job_timeout_s if took is None else max(60.0, self.job_timeout_factor * took)
 
     def submit(self, job: Job) -> None:
@@ -212,7 +213,7 @@ class RayPool:
                 record = self._lost(pending, exc)
             else:
                 self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
-                key = _flags_key(pending.job.flags)
+                key = flags_key(pending.job.flags)
                 took = (record.get("engine_start_s") or 0) + (record.get("wall_s") or 0)
                 self.took[key] = max(self.took.get(key, 0.0), took)
             done.append((pending.job, record))
@@ -303,10 +304,6 @@ class RayPool:
                 self._ray.kill(actor, no_restart=True)
         self.actors.clear()
         self.pending.clear()
-
-
-def _flags_key(flags: Mapping[str, Any]) -> str:
-    return json.dumps(dict(flags), sort_keys=True, default=str)
 
 
 def _now_iso() -> str:

@@ -11,7 +11,6 @@ over by the next run before anything new is asked.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from optuna.trial import TrialState
 
 from throttle_sweep.analysis import Analysis, analyse
 from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
+from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
@@ -108,10 +108,6 @@ def leader(trial_number: int) -> str:
     return CANDIDATE if trial_number % 2 else BASELINE
 
 
-def params_key(params: Mapping[str, Any]) -> str:
-    return json.dumps(dict(params), sort_keys=True, default=str)
-
-
 @dataclass
 class Confirmation:
     source_trial: int
@@ -170,7 +166,7 @@ def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:
 
 def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]:
     """User attributes of a finished search trial, and its constraint values (<= 0 means feasible)."""
-    cand = [r for r in analysis.records if r["arm"] == CANDIDATE and r.get("status") == "ok" and not r.get("warmup")]
+    cand = analysis.replicates(CANDIDATE)
     est = analysis.estimate
     preempt = max((r.get("preemptions") or 0) for r in cand) if cand else 0
     ttft, tpot, itl = (max((_p95(r, metric) for r in cand), default=0.0) for metric in ("ttft", "tpot", "itl"))
@@ -182,8 +178,7 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "ci": [est.ci_low, est.ci_high] if est else None,
         "p_value": est.p_value if est else None,
         "preemptions": preempt,
-        "baseline_preemptions": max(((r.get("preemptions") or 0) for r in analysis.records
-                                     if r["arm"] == BASELINE and r.get("status") == "ok"), default=0),
+        "baseline_preemptions": max(((r.get("preemptions") or 0) for r in analysis.replicates(BASELINE)), default=0),
         "p95_ttft_s": ttft,
         "p95_tpot_s": tpot,
         "p95_itl_s": itl,
@@ -370,12 +365,12 @@ class Sweep:
         """Flags already answered -> the trial that answers them: one in flight now, one that completed, one
         whose candidate failed, or one whose attempts were all spent on faults that could be the flags' or the
         slot's (a hang, a memory kill). One lost slot, or a failed baseline, answers nothing: measure again."""
-        found = {params_key(t.params): n for n, t in self.open.items()}
+        found = {flags_key(t.params): n for n, t in self.open.items()}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             a = t.user_attrs
             if "duplicate_of" not in a and (t.state == TrialState.COMPLETE or a.get("blame") == "candidate"
                                             or a.get("attempts_exhausted")):
-                found.setdefault(params_key(t.params), t.number)
+                found.setdefault(flags_key(t.params), t.number)
         return found
 
     def propose(self) -> tuple[optuna.trial.Trial | None, bool]:
@@ -385,12 +380,12 @@ class Sweep:
         observation, never measured again)."""
         answers = self.answers()
         if self.grid is not None and not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            point = next((p for p in self.grid if params_key(p) not in answers), None)
+            point = next((p for p in self.grid if flags_key(p) not in answers), None)
             if point is None:
                 return None, True
             self.study.enqueue_trial(point, skip_if_exists=False)
         trial = self.study.ask(self.distributions)  # takes the oldest waiting trial first
-        twin = answers.get(params_key(trial.params))
+        twin = answers.get(flags_key(trial.params))
         if twin is not None:
             trial.set_user_attr("duplicate_of", twin)
             self.study.tell(trial, state=TrialState.FAIL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import sys
 import types
 import typing
@@ -19,6 +20,11 @@ from typing import Any, Literal, Union
 from throttle_sweep.errors import ConfigError
 
 FlagSchema = Mapping[str, Any]  # flag name -> type annotation (Any where it cannot be resolved)
+
+
+def flags_key(flags: Mapping[str, Any]) -> str:
+    """One string per set of flag values, whatever their order: for telling flag sets apart or alike."""
+    return json.dumps(dict(flags), sort_keys=True, default=str)
 
 
 @functools.cache
