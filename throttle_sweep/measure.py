@@ -142,6 +142,8 @@ def measure_replicate(
     try:
         session = engine.start(flags)
         record["engine_start_s"] = session.start_seconds
+        record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
+                              "block_size": getattr(session, "kv_block_size", None)}
         warmup = make_requests(spec, warmup=True)
         if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)

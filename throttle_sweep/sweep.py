@@ -20,12 +20,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from throttle_sweep.analysis import Analysis, analyse
+from throttle_sweep.analysis import Analysis, analyse, judged_cost
 from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
+from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.sequential import confirm_stop, look_ends, per_look, search_stop, to_rank
 from throttle_sweep.stats import CHEAPER, Thresholds, clearly_lower
 
 
@@ -61,6 +63,9 @@ class SweepSettings:
     token_tolerance: float = 0.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     multi_objective: bool = False  # minimise cost ratio and p95 end-to-end latency; report the Pareto front
+    boundary_knob: str | None = None  # probe where preemption starts along this knob first (None: no probes)
+    boundary_settings_max: int = 16  # probe it for each setting of the other knobs, if there are at most this many
+    sequential: bool = True  # look after every balanced block and stop comparisons once decided
 
 
 @dataclass
@@ -78,6 +83,12 @@ class Comparison:
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
     discarded: list[str] = field(default_factory=list)  # earlier comparisons of the same work, started afresh
     faults: int = 0  # how many of those were stopped by faults that are not the candidate's
+    looks: list[int] = field(default_factory=list)  # positions done at each look (sequential); the last is all
+    thresholds: Thresholds | None = None  # what each look tests at (alpha spent over the looks)
+    stopped: str | None = None  # why it stopped at a look before its planned end
+    probe: tuple[Any, ...] | None = None  # a probe: (search, value index, repeat)
+    family: int = 1  # confirmations judged together (their alpha is shared)
+    ranked: bool = False  # a confirmation that must also be told apart from others confirmed with it
 
     def next_position(self) -> int | None:
         return next((p for p in range(len(self.order)) if p not in self.records), None)
@@ -86,7 +97,11 @@ class Comparison:
         return fault_of(self.records)
 
     def done(self) -> bool:
-        return self.fault() is not None or self.next_position() is None
+        return self.fault() is not None or self.next_position() is None or self.stopped is not None
+
+    def at_look(self) -> bool:
+        """Every position up to a look is measured, and no more."""
+        return len(self.records) in self.looks[:-1] and self.next_position() == len(self.records)
 
     def retry(self) -> bool:
         """Stopped by a fault that is not the candidate's, with attempts left: start again afresh."""
@@ -115,6 +130,9 @@ class Confirmation:
     analysis: Analysis
     adjusted: Analysis | None = None  # the same records with alpha / (number confirmed): Bonferroni
     broken: list[str] = field(default_factory=list)  # why it cannot win: constraints over the limit, a failure
+    family: int = 1  # candidates confirmed together
+    looks: int = 1  # looks its comparison was planned with (alpha / (family x looks) per look)
+    stopped: str | None = None  # why it stopped before its planned end
 
     @property
     def significant(self) -> bool:
@@ -177,6 +195,8 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "ratio": est.ratio if est else None,
         "ci": [est.ci_low, est.ci_high] if est else None,
         "p_value": est.p_value if est else None,
+        "se_log": est.se_log if est else None,
+        "df": est.df if est else None,
         "preemptions": preempt,
         "baseline_preemptions": max(((r.get("preemptions") or 0) for r in analysis.replicates(BASELINE)), default=0),
         "p95_ttft_s": ttft,
@@ -254,6 +274,9 @@ class Sweep:
         self.records: list[dict[str, Any]] = list(existing)
         self.open: dict[int, optuna.trial.Trial] = {}  # trials asked or taken over, not yet told
         self.began = time.monotonic()
+        self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
+        self.probe_records: dict[tuple[str, int], dict[str, Any]] = {}  # (others key, value index) -> first probe
+        self.baseline_probe: dict[str, Any] | None = None
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
@@ -261,25 +284,50 @@ class Sweep:
         self.records.append(record)
 
     def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int,
-                   lead: str = BASELINE) -> Comparison:
+                   lead: str = BASELINE, *, arms: Mapping[str, Mapping[str, Any]] | None = None,
+                   order: Sequence[str] | None = None, family: int = 1) -> Comparison:
         """The comparison to run for `key`, decided from the records (`settle`): a complete one is reused,
-        one to redo is left as it is and the work starts afresh under the next key ('trial-4' -> 'trial-4~1')."""
-        arms = {BASELINE: dict(self.baseline_flags), CANDIDATE: {**self.base_flags, **params}}
-        order = make_schedule(self.settings.schedule, replicates, seed=self.settings.schedule_seed, lead=lead)
-        if self.settings.warmup_replicate:
-            order = with_warmup(order)
+        and so is one that stopped at a look where the stopping rule says it is decided; one to redo is left
+        as it is and the work starts afresh under the next key ('trial-4' -> 'trial-4~1'). `arms` and
+        `order` replace the interleaved schedule (a probe: one run of one arm)."""
+        planned = order is None
+        if arms is None:
+            arms = {BASELINE: dict(self.baseline_flags), CANDIDATE: {**self.base_flags, **params}}
+        if order is None:
+            order = make_schedule(self.settings.schedule, replicates, seed=self.settings.schedule_seed, lead=lead)
+            if self.settings.warmup_replicate:
+                order = with_warmup(order)
+        looks = look_ends(order, self.settings.warmup_replicate) if planned and self.settings.sequential \
+            else [len(order)]
+        thresholds = per_look(self.settings.thresholds, len(looks), family)
         discarded, faults = [], 0
         while True:
-            cid = comparison_id(arms, order, {**self.workload_key, "key": key, "stage": stage})
+            cid = comparison_id(arms, list(order), {**self.workload_key, "key": key, "stage": stage})
             done = measured_positions(self.records, cid)
             fault = fault_of(done)
             last = fault is not None and faults + 1 >= MAX_ATTEMPTS  # the attempts are spent: give up on it
+            comp = Comparison(key, stage, dict(arms), list(order), cid, slot, records=done, discarded=discarded,
+                              faults=faults, looks=looks, thresholds=thresholds, family=family)
             if settle(done, len(order)) != "redo" or last:
-                return Comparison(key, stage, arms, order, cid, slot, records=done, discarded=discarded,
-                                  faults=faults)
+                return comp
+            if fault is None and comp.at_look() and (why := self.stop_rule(comp)):
+                comp.stopped = why  # an earlier run stopped it here, decided
+                return comp
             discarded.append(cid)
             faults += fault is not None
             key = retry_key(key)
+
+    def stop_rule(self, comp: Comparison) -> str | None:
+        """At a look: why the comparison is decided (search_stop / confirm_stop), or None to go on."""
+        analysis = analyse(list(comp.records.values()), comp.thresholds, token_tolerance=self.settings.token_tolerance,
+                           cost=self.settings.cost_basis)
+        if comp.stage == "confirm":
+            return confirm_stop(analysis.verdict, ranked=comp.ranked)
+        if analysis.estimate is not None and broken_constraints(trial_summary(analysis, self.settings), self.settings):
+            return "infeasible: it broke a constraint"
+        best = self.best()
+        return search_stop(analysis.verdict, analysis.estimate, to_rank(best.user_attrs) if best else None,
+                           comp.thresholds.alpha)
 
     def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None]
                         ) -> None:
@@ -307,6 +355,8 @@ class Sweep:
                 comp = running[job.slot]
                 self.write(record)
                 comp.records[job.position] = record
+                if comp.at_look() and comp.fault() is None:
+                    comp.stopped = self.stop_rule(comp)
                 if comp.done():
                     del running[job.slot]
                     finish(comp)
@@ -319,9 +369,12 @@ class Sweep:
         arm = comp.order[position]
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
                    "trial": comp.trial.number if comp.trial else comp.source_trial,
-                   "warmup": self.settings.warmup_replicate and position == 0}
-        message = (f"{comp.stage} {comp.key}: {arm} replicate at position {position + 1}/{len(comp.order)} "
-                   f"on slot {comp.slot}")
+                   "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None}
+        if comp.probe is not None:
+            message = f"{comp.key} on slot {comp.slot}"
+        else:
+            message = (f"{comp.stage} {comp.key}: {arm} replicate at position {position + 1}/{len(comp.order)} "
+                       f"on slot {comp.slot}")
         if len(self.pool.slots) > 1:  # what every slot is doing now
             busy = {s: f"{c.key} {c.order[p]} {p + 1}/{len(c.order)}" for s, c in running.items()
                     if (p := c.next_position()) is not None}
@@ -334,6 +387,174 @@ class Sweep:
         self.say(f"{comp.stage} {comp.key}: stopped by a fault that is not the candidate's ({fault.blame}: "
                  f"{fault.record.get('reason')}); it starts again from scratch "
                  f"(attempt {comp.faults + 2} of {MAX_ATTEMPTS})")
+
+
+    # ---- probes: the preemption boundary, from single runs ------------------------------------------------
+    def other_settings(self) -> list[dict[str, Any]] | None:
+        """Every setting of the knobs other than the boundary knob, or None if they have too many (or a
+        continuous one)."""
+        knob = self.settings.boundary_knob
+        values: dict[str, list[Any]] = {}
+        for flag, dist in self.distributions.items():
+            if flag == knob:
+                continue
+            if isinstance(dist, optuna.distributions.FloatDistribution) and not dist.step:
+                return None
+            values[flag] = list(dist.choices) if isinstance(dist, optuna.distributions.CategoricalDistribution) \
+                else knob_values(dist)
+        if math.prod(len(v) for v in values.values()) > self.settings.boundary_settings_max:
+            return None
+        settings: list[dict[str, Any]] = [{}]
+        for flag, choices in values.items():
+            settings = [{**s, flag: v} for s in settings for v in choices]
+        return settings
+
+    def probe_cost(self, record: Mapping[str, Any]) -> float | None:
+        try:
+            return judged_cost(record, self.settings.cost_basis)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def find_boundaries(self) -> None:
+        """Probe the baseline once (it must work before anything else is spent), then find where preemption
+        starts along the boundary knob for each setting of the other knobs, all searches sharing the slots."""
+        knob = self.settings.boundary_knob
+        if knob is None or knob not in self.distributions:
+            return
+        settings = self.other_settings()
+        if settings is None:
+            self.say(f"probes: the knobs other than {knob} have more than {self.settings.boundary_settings_max} "
+                     "settings (or a continuous one); feasibility is judged from each trial's replicates")
+            return
+        searches = [BoundarySearch.over(knob, self.distributions[knob], others,
+                                        max_preemptions=self.settings.max_preemptions,
+                                        parallel=max(1, len(self.pool.slots) // len(settings)))
+                    for others in settings]
+        pending: list[tuple[BoundarySearch | None, int, int]] = [(None, 0, 1)]  # the baseline first
+        self.say(f"probes: one run per point to find where preemption starts along {knob} "
+                 f"({len(searches[0].boundary.values)} values"
+                 + (f", for each of {len(settings)} settings of the other knobs" if len(settings) > 1 else "") + ")")
+
+        def start(slot: int) -> Comparison | None:
+            if pending:
+                item = pending.pop(0)
+            else:
+                item = next(((s, *w[0]) for s in searches if (w := s.wanted(1))), None)
+                if item is None:
+                    return None
+            search, index, repeat = item
+            if search is None:
+                arms, order, key = {BASELINE: dict(self.baseline_flags)}, [BASELINE], "probe baseline"
+            else:
+                params = {**search.boundary.others, knob: search.boundary.values[index]}
+                arms, order = {CANDIDATE: {**self.base_flags, **params}}, [CANDIDATE]
+                key = f"probe {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} #{repeat}"
+            comp = self.comparison(key, "probe", {}, 1, slot, arms=arms, order=order)
+            comp.probe = item
+            return comp
+
+        def finish(comp: Comparison) -> None:
+            search, index, repeat = comp.probe
+            if comp.retry():
+                self._again(comp)
+                pending.insert(0, comp.probe)
+                return
+            record = comp.records[0]
+            ok = record.get("status") == "ok"
+            if search is None:
+                if not ok:
+                    raise BaselineFails(f"the baseline {self.baseline_flags} failed ({record.get('reason')}); a "
+                                        "comparison against it cannot mean anything: fix what makes it fail and run again")
+                self.baseline_probe = record
+                return
+            count = record.get("preemptions") if ok else None
+            search.add(index, repeat, count)
+            self.probe_records.setdefault((flags_key(search.boundary.others), index), record)
+            self.say(f"{comp.key}: " + (f"{count} preemptions" if ok else f"failed ({record.get('reason')})"))
+
+        self.run_comparisons(start, finish)
+        summaries = []
+        for search in searches:
+            others = flags_key(search.boundary.others)
+            self.boundaries[others] = search.boundary
+            summaries.append({**search.boundary.summary(), "predicted_last_clean": self.predicted(search.boundary)})
+        self.study.set_user_attr("boundaries", summaries)
+        self.tell_probes()
+
+    def predicted(self, boundary: Boundary) -> int | None:
+        """The last clean max_num_seqs the engine's reported KV capacity predicts for this fixed work."""
+        if boundary.knob != "max_num_seqs" or not boundary.probed:
+            return None
+        record = self.probe_records.get((flags_key(boundary.others), boundary.probed[0])) or {}
+        kv = record.get("kv_cache") or {}
+        work = self.workload_key.get("workload") or {}
+        if work.get("length_dist") != "fixed" or work.get("jsonl") or not kv.get("blocks"):
+            return None
+        return predicted_last_clean(kv["blocks"] * kv["block_size"], kv["block_size"],
+                                    [work["prompt_len"] + work["output_len"]])
+
+    def tell_probes(self) -> None:
+        """Probed preempting points become completed, infeasible trials (once): what the samplers learn the
+        infeasible region from. Their ratio is one probe's cost over the baseline probe's, not a comparison."""
+        base = self.probe_cost(self.baseline_probe) if self.baseline_probe else None
+        told = {t.user_attrs.get("probe_key") for t in self.study.get_trials(deepcopy=False)}
+        for others, boundary in self.boundaries.items():
+            if not boundary.settled:
+                continue
+            for index in boundary.probed:
+                record = self.probe_records[(others, index)]
+                count = boundary.counts[index][0]
+                cost = self.probe_cost(record)
+                key = f"{others}|{index}"
+                if not boundary.dirty(index) or key in told or count is None or not base or not cost:
+                    continue
+                params = {**boundary.others, boundary.knob: boundary.values[index]}
+                attrs = {"source": "probe", "probe_key": key, "status": "ok", "preemptions": count,
+                         "ratio": cost / base, "usd_per_mtok": cost, "record_ids": [record.get("record_id")],
+                         "ran_on": [where(record)], "constraints": [float(count - self.settings.max_preemptions)],
+                         "constraint_names": ["preemptions"], "notes": ["one probe run, not a comparison"]}
+                e2e = ((record.get("latency_s") or {}).get("e2e") or {}).get("p95") or 0.0
+                values = [cost / base, e2e] if self.settings.multi_objective else [cost / base]
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=params, distributions={k: self.distributions[k] for k in params}, values=values,
+                    user_attrs=attrs, constraints={"preemptions": attrs["constraints"][0]}))
+
+    def known_feasible(self, params: Mapping[str, Any]) -> bool | None:
+        """What the probes say about these flags: True, False, or None (not probed, or not trustworthy)."""
+        knob = self.settings.boundary_knob
+        if knob not in params:
+            return None
+        boundary = self.boundaries.get(flags_key({k: v for k, v in params.items() if k != knob}))
+        return boundary.feasible(params[knob]) if boundary else None
+
+    def edge_distance(self, params: Mapping[str, Any]) -> float:
+        """How far below (on the clean side of) its boundary a point lies, in steps of the knob."""
+        knob = self.settings.boundary_knob
+        boundary = self.boundaries.get(flags_key({k: v for k, v in params.items() if k != knob}))
+        clean, _ = boundary.edge() if boundary else (None, None)
+        if clean is None or params.get(knob) not in boundary.values:
+            return math.inf
+        return abs(boundary.values.index(params[knob]) - clean)
+
+    def close_beyond_boundary(self, trial: optuna.trial.Trial) -> None:
+        """A proposal the probes already show preempting: told infeasible at once, not run. Its value is the
+        nearest probe's, so the sampler learns where the infeasible region is."""
+        knob = self.settings.boundary_knob
+        others = flags_key({k: v for k, v in trial.params.items() if k != knob})
+        boundary = self.boundaries[others]
+        index = boundary.values.index(trial.params[knob])
+        nearest = min((i for i in boundary.probed if boundary.dirty(i)), key=lambda i: abs(i - index))
+        base = self.probe_cost(self.baseline_probe) if self.baseline_probe else None
+        cost = self.probe_cost(self.probe_records[(others, nearest)])
+        count = boundary.counts[nearest][0] or 1
+        ratio = cost / base if cost and base else 1.0
+        for key, value in {"source": "boundary", "status": "ok", "preemptions": count, "ratio": ratio,
+                           "reason": f"beyond the probed boundary ({knob}={boundary.values[nearest]} preempted): not run",
+                           "constraints": [float(count - self.settings.max_preemptions)],
+                           "constraint_names": ["preemptions"]}.items():
+            trial.set_user_attr(key, value)
+        trial.set_constraint("preemptions", float(count - self.settings.max_preemptions))
+        self.study.tell(trial, [ratio, 0.0] if self.settings.multi_objective else ratio)
 
     # ---- search -----------------------------------------------------------------------------------------
     def take_over(self) -> list[optuna.trial.Trial]:
@@ -359,7 +580,8 @@ class Sweep:
     def measured_trials(self) -> int:
         """Finished trials that measured something: repeats of measured flags and interrupted ones don't count."""
         return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()
-                   and not t.user_attrs.get("interrupted") and "duplicate_of" not in t.user_attrs)
+                   and not t.user_attrs.get("interrupted") and "duplicate_of" not in t.user_attrs
+                   and t.user_attrs.get("source") not in ("probe", "boundary"))
 
     def answers(self) -> dict[str, int]:
         """Flags already answered -> the trial that answers them: one in flight now, one that completed, one
@@ -390,8 +612,29 @@ class Sweep:
             trial.set_user_attr("duplicate_of", twin)
             self.study.tell(trial, state=TrialState.FAIL)
             return None, False
+        if self.known_feasible(trial.params) is False:
+            self.close_beyond_boundary(trial)
+            return None, False
         self.open[trial.number] = trial
         return trial, False
+
+    def plan_after_probes(self) -> None:
+        """What the probes change about the search: a grid drops the points they show preempting and measures
+        the feasible ones nearest the boundary first (the cheapest point is usually just below it); a sampler
+        gets each boundary's last clean point enqueued first."""
+        if not self.boundaries:
+            return
+        if self.grid is not None:
+            kept = [p for p in self.grid if self.known_feasible(p) is not False]
+            self.grid = sorted(kept, key=lambda p: (self.known_feasible(p) is not True, self.edge_distance(p)))
+            return
+        answers = self.answers()
+        for boundary in self.boundaries.values():
+            clean, _ = boundary.edge()
+            if boundary.settled and clean is not None and flags_key(
+                    {**boundary.others, boundary.knob: boundary.values[clean]}) not in answers:
+                self.study.enqueue_trial({**boundary.others, boundary.knob: boundary.values[clean]},
+                                         skip_if_exists=True)
 
     def search(self) -> None:
         queue = self.take_over()  # first, before anything new is asked
@@ -448,10 +691,12 @@ class Sweep:
                                         " a comparison against it cannot mean anything: fix what makes it fail (the "
                                         "same baseline flags, or the study refuses them) and run again")
                 return
-            analysis = analyse(list(comp.records.values()), self.settings.thresholds,
+            analysis = analyse(list(comp.records.values()), comp.thresholds,
                                token_tolerance=self.settings.token_tolerance, cost=self.settings.cost_basis)
             attrs = trial_summary(analysis, self.settings)
-            for key, value in {**attrs, "status": "ok", "comparison": comp.id}.items():
+            sequential = {"alpha_per_look": comp.thresholds.alpha, "looks": len(comp.looks),
+                          "stopped": comp.stopped, "measured_positions": len(comp.records)}
+            for key, value in {**attrs, **sequential, "status": "ok", "comparison": comp.id}.items():
                 trial.set_user_attr(key, value)
             if analysis.estimate is None:
                 trial.set_user_attr("reason", "; ".join(analysis.notes))
@@ -465,8 +710,9 @@ class Sweep:
             broken = broken_constraints(attrs, self.settings)
             flag = "feasible" if not broken else f"INFEASIBLE ({'; '.join(broken)})"
             best = self.best()
+            early = f" (stopped after {len(comp.records)} runs: {comp.stopped})" if comp.stopped else ""
             self.say(f"trial {trial.number} {trial.params}: ratio {attrs['ratio']:.3f} "
-                     f"[{attrs['ci'][0]:.3f}, {attrs['ci'][1]:.3f}] {analysis.verdict}, {flag}; best so far: "
+                     f"[{attrs['ci'][0]:.3f}, {attrs['ci'][1]:.3f}] {analysis.verdict}, {flag}{early}; best so far: "
                      f"{best.params if best else None}")
 
         self.run_comparisons(start, finish)
@@ -494,13 +740,30 @@ class Sweep:
 
     # ---- confirmation -----------------------------------------------------------------------------------
     def confirm(self) -> list[Confirmation]:
-        """Fresh interleaved replicates for the best few; their intervals Bonferroni-adjusted across them."""
+        """Fresh interleaved replicates for the best few; their intervals Bonferroni-adjusted across them (and
+        across the looks each may take). Sequential: those the search already showed clearly pricier than the
+        best wait, and are confirmed only if no earlier one wins; the family counts them all the same."""
         # multi-objective: the cheapest points of the Pareto front (the others trade cost for latency)
         todo = (self.pareto() if self.settings.multi_objective else self.ranked(self.settings.confirm_top)
                 )[: self.settings.confirm_top]
         family = max(1, len(todo))
-        adjusted = Thresholds(self.settings.thresholds.alpha / family, self.settings.thresholds.min_effect,
-                              self.settings.thresholds.equivalence_margin)
+        rounds = [todo]
+        if self.settings.sequential and not self.settings.multi_objective and len(todo) > 1:
+            best = to_rank(todo[0].user_attrs)
+            later = [t for t in todo[1:] if best and (r := to_rank(t.user_attrs)) and clearly_lower(
+                best, r, t.user_attrs.get("alpha_per_look", self.settings.thresholds.alpha))]
+            if later:
+                rounds = [[t for t in todo if t not in later], later]
+        results: list[Confirmation] = []
+        for number, batch in enumerate(rounds):
+            if number and choose_winner(results, self.settings.thresholds.alpha)[0] is not None:
+                self.say("confirm: not re-measured, clearly pricier than the winner in the search: "
+                         + ", ".join(f"trial {t.number} {t.params}" for t in batch))
+                break
+            results += self._confirm_batch(batch, family, ranked=len(batch) > 1)
+        return sorted(results, key=lambda c: c.source_trial)
+
+    def _confirm_batch(self, todo: list[optuna.trial.FrozenTrial], family: int, ranked: bool) -> list[Confirmation]:
         results: list[Confirmation] = []
         queue = list(todo)
 
@@ -509,8 +772,9 @@ class Sweep:
                 return None
             t = queue.pop(0)
             comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
-                                   self.settings.confirm_replicates, slot, lead=leader(t.number))
+                                   self.settings.confirm_replicates, slot, lead=leader(t.number), family=family)
             comp.source_trial = t.number
+            comp.ranked = ranked
             return comp
 
         def finish(comp: Comparison) -> None:
@@ -521,21 +785,24 @@ class Sweep:
             records = list(comp.records.values())
             analysis = analyse(records, self.settings.thresholds, token_tolerance=self.settings.token_tolerance,
                                cost=self.settings.cost_basis)
-            # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates, and the label
-            # is read off that same interval
-            quoted = analyse(records, adjusted, token_tolerance=self.settings.token_tolerance,
+            # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates and the looks
+            # each may take, and the label is read off that same interval
+            quoted = analyse(records, comp.thresholds, token_tolerance=self.settings.token_tolerance,
                              cost=self.settings.cost_basis)
             broken = broken_constraints(trial_summary(analysis, self.settings), self.settings)
             fault = comp.fault()
             if fault is not None:  # the replicates that are left are not the comparison that was planned
                 broken.insert(0, f"failed in confirmation ({fault.blame}: {fault.record.get('reason')})")
             params = self.study.trials[comp.source_trial].params
-            results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted, broken=broken))
+            results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted, broken=broken,
+                                        family=family, looks=len(comp.looks), stopped=comp.stopped))
 
         self.run_comparisons(start, finish)
-        return sorted(results, key=lambda c: c.source_trial)
+        return results
 
     def run(self) -> SweepResult:
+        self.find_boundaries()
+        self.plan_after_probes()
         self.search()
         confirmations = self.confirm()
         winner, tied = choose_winner(confirmations, self.settings.thresholds.alpha)

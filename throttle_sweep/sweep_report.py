@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
+from throttle_sweep.search.boundary import describe
 from throttle_sweep.sweep import WINNER_RULE, SweepResult, cost, feasible
 
 
@@ -25,11 +26,21 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
                      "ratio": a.get("ratio"), "ci": a.get("ci"), "verdict": a.get("verdict"),
                      "preemptions": a.get("preemptions"), "feasible": feasible(t), "status": status,
                      "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of"),
+                     "source": a.get("source"), "stopped": a.get("stopped"),
                      "ran_on": ",".join(a.get("ran_on") or [])})
     return rows
 
 
 def boundary(study: optuna.Study) -> list[str]:
+    """The boundaries the probes found (exact, with the KV capacity's prediction beside), or else where
+    preemption starts as read from the trials' replicates."""
+    found = study.user_attrs.get("boundaries")
+    if found:
+        return [describe(b, b.get("predicted_last_clean")) for b in found]
+    return boundary_from_trials(study)
+
+
+def boundary_from_trials(study: optuna.Study) -> list[str]:
     """Where preemption starts along each ordered flag, for each setting of the other flags measured with it.
     The direction is read from the data (more max_num_seqs preempts sooner; more gpu_memory_utilization,
     later); where preempting and clean values interleave, it says there is no clean boundary."""
@@ -86,10 +97,18 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
            + (f"{'slot':<26}" if many else "") + "status"]
     for r in rows:
         usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
-        ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] else "-"
+        ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] and r["ci"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
         if r["duplicate_of"] is not None:
             status = f"repeat of trial {r['duplicate_of']} (not measured again)"
+        elif r["source"] == "probe":
+            status = "infeasible (one probe run; ratio to the baseline probe)"
+            ratio = f"{r['ratio']:.3f} (probe)"
+        elif r["source"] == "boundary":
+            status, ratio, usd = "infeasible (beyond the probed boundary: not run)", "-", "-"
+            r = {**r, "reason": None}
+        elif r["stopped"]:
+            status += f" (stopped early: {r['stopped']})"
         if r["reason"]:
             status += f": {r['reason'][:80]}"
         slot = f"{r['ran_on'] or '-':<26}" if many else ""
@@ -122,8 +141,11 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         if est is None:
             line += quoted.verdict
         else:
+            looks = f" x {c.looks} looks" if c.looks > 1 else ""
             line += (f"ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}] (Bonferroni-adjusted for "
-                     f"{len(result.confirmations)} confirmed), {quoted.verdict}")
+                     f"{c.family} confirmed{looks}), {quoted.verdict}")
+            if c.stopped:
+                line += f", stopped at {len(c.analysis.records)} runs ({c.stopped})"
         if c.broken:
             line += f"; cannot win: {'; '.join(c.broken)}"
         out.append(line)

@@ -70,7 +70,9 @@ def test_grid_sweep_finds_the_cheapest_feasible_point_and_never_an_infeasible_on
     assert surface[cheapest_overall][1] > 0, "the surface should tempt the search past the boundary"
     report = (tmp_path / "s" / "report.md").read_text()
     edge = max(n for n, (c, p) in surface.items() if p == 0)
-    assert f"preemption starts between max_num_seqs {edge} (none) and {edge + 1} (preempted)" in report
+    assert (f"preemption boundary: last clean max_num_seqs={edge} (0, 0 preemptions in 2 probes), first preempting "
+            f"max_num_seqs={edge + 1}") in report
+    assert f"the KV capacity the engine reported predicts the last clean max_num_seqs={edge}" in report
     assert (tmp_path / "s" / "history.png").exists() and (tmp_path / "s" / "cost_vs_max_num_seqs.png").exists()
 
 
@@ -86,10 +88,21 @@ def test_tpe_sweep_with_noise_reports_a_feasible_winner(tmp_path):
 
 def test_failed_trials_never_win(tmp_path):
     study = sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", "+fake.fail_start_when.max_num_seqs=6",
-                  "compare.replicates=2", "study.confirm_replicates=2")
+                  "compare.replicates=2", "study.confirm_replicates=2", "study.boundary=none")
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed and all(t.params["max_num_seqs"] > 6 for t in failed)
     assert all("refuses max_num_seqs" in t.user_attrs["reason"] for t in failed)
+    assert study.user_attrs["winner"]["params"]["max_num_seqs"] <= 6
+
+
+def test_probes_count_a_failing_start_as_infeasible_and_never_measure_past_it(tmp_path):
+    study = sweep(tmp_path, "study.sampler=grid", "study.n_trials=32", "+fake.fail_start_when.max_num_seqs=6",
+                  "compare.replicates=2", "study.confirm_replicates=2", name="p")
+    (found,) = study.user_attrs["boundaries"]
+    assert (found["last_clean"], found["first_preempting"], found["exact"]) == (6, 7, True)
+    assert found["probes"]["7"] == [None, None]  # failed, twice
+    measured = {t.params["max_num_seqs"] for t in study.trials if t.user_attrs.get("source") is None}
+    assert measured and max(measured) <= 6
     assert study.user_attrs["winner"]["params"]["max_num_seqs"] <= 6
 
 
@@ -126,31 +139,46 @@ def test_bad_space_fails_before_any_engine_starts(tmp_path, monkeypatch, overrid
 WHOLE = 2 + 2 + 1  # replicates of one comparison: 2 per arm and the warm-up run
 
 
-def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
-    """A real process, killed with SIGKILL while measuring; the same command again finishes the sweep."""
+@pytest.mark.parametrize("when", ["probing", "trial"])
+def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_path, when):
+    """A real process, killed with SIGKILL while probing the boundary or in the second trial; the same command
+    again finishes the sweep."""
     args = [sys.executable, "-m", "throttle_sweep", "backend=fake", *WORK, *SPACE, "study.name=k",
             f"results_dir={tmp_path}", "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2",
             "study.confirm_top=1", "plots=false"]
     records = tmp_path / "k" / "replicates.jsonl"
     proc = subprocess.Popen([*args, "fake.realtime=true", "fake.start_s=0.2"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+
+    def reached() -> bool:  # probing: 4 probes done; trial: the second trial's first replicate done
+        lines = records.read_text().splitlines() if records.exists() else []
+        stages = [json.loads(line)["stage"] for line in lines if line.endswith("}")]
+        return len(stages) >= 4 if when == "probing" else stages.count("search") >= WHOLE + 1
+
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # kill in the second trial (after 6 records: its first replicate)
-        if records.exists() and len(records.read_text().splitlines()) >= 6:
-            break
+    while time.monotonic() < deadline and not reached():
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = read_records(records)
-    assert 6 <= len(before) < 5 * WHOLE
+    probes = sum(r["stage"] == "probe" for r in before)
+    assert (probes >= 4 and probes == len(before)) if when == "probing" else WHOLE < len(before) - probes < 5 * WHOLE
     subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = read_records(records)
     assert after[: len(before)] == before  # nothing already measured was lost or rewritten
     slots = Counter((r["comparison"], r["position"]) for r in after)
     assert max(slots.values()) == 1, "a replicate was measured twice"
     study = optuna.load_study(study_name="k", storage=f"sqlite:///{tmp_path / 'k' / 'study.db'}")
-    done = [t for t in study.trials if t.state.is_finished() and "duplicate_of" not in t.user_attrs]
+    done = [t for t in study.trials if t.state.is_finished() and "duplicate_of" not in t.user_attrs
+            and t.user_attrs.get("source") is None]
     assert len(done) == 5 and all(t.state == optuna.trial.TrialState.COMPLETE for t in done)
+    # the boundary the resumed run found is the one the probes find in one go
+    (found,) = study.user_attrs["boundaries"]
+    edge = max(n for n, (c, p) in truth().items() if p == 0)
+    assert (found["last_clean"], found["first_preempting"]) == (edge, edge + 1)
+    assert len([t for t in study.trials if t.user_attrs.get("source") == "probe"]) == len(
+        {r["comparison"] for r in after if r["stage"] == "probe" and r["arm"] == "candidate"
+         and (r["preemptions"] or 0) > 0 and r["key"].endswith("#1")})  # each preempting probe told once
     assert not [t for t in study.trials if t.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)]
     # every comparison started before the kill belongs to a COMPLETE trial: as its comparison, whole, or, if the
     # kill left it partial, as one it discarded and measured again from scratch (never continued in a new process)
@@ -246,9 +274,13 @@ def test_the_study_opens_in_optuna_dashboard_with_verdicts_and_feasibility(tmp_p
     assert summary["study_name"] == "dash"
     detail = get(f"/api/studies/{summary['study_id']}", "after=0")
     trials = [t for t in detail["trials"] if t["state"] == "Complete"]
-    assert len(trials) == 4
+    measured = [t for t in trials if not any(a["key"] == "source" for a in t["user_attrs"])]
+    assert len(measured) == 4 and len(trials) > 4  # the preempting probes are trials too: infeasible ones
     for t in trials:
         attrs = {a["key"]: a["value"] for a in t["user_attrs"]}
+        if attrs.get("source") == "probe":
+            assert json.loads(attrs["constraints"])[0] > 0
+            continue
         assert attrs["verdict"] in ("CHEAPER", "PRICIER", "NO DIFFERENCE", "INCONCLUSIVE")
         assert json.loads(attrs["constraints"]) == [0.0 if int(attrs["preemptions"]) == 0 else
                                                     float(attrs["preemptions"])]  # feasibility, readable there

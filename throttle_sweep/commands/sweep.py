@@ -8,7 +8,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from throttle_sweep.pool import LocalPool
 from throttle_sweep.progress import Progress
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
+from throttle_sweep.search.boundary import choose_knob, ordered
 from throttle_sweep.settings import (
     arm_flags,
     concurrency_note,
@@ -108,7 +109,8 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
         warmup_replicate=cfg.compare.warmup_replicate,
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
-        thresholds=thresholds_from(cfg), multi_objective=s.multi_objective)
+        thresholds=thresholds_from(cfg), multi_objective=s.multi_objective,
+        boundary_settings_max=s.boundary_settings_max, sequential=s.sequential)
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -119,6 +121,7 @@ def run(cfg: DictConfig, console: Console) -> int:
     name, out, storage = study_location(cfg)
     source = f"space '{space_name()}' ({space_file(space_name())})"
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
+    settings = replace(settings, boundary_knob=boundary_knob(cfg, distributions))
     base = arm_flags(plain(cfg.engine))
     baseline = arm_flags(base, plain(cfg.baseline))
     preflight(engine, baseline, spec, source="baseline")
@@ -226,9 +229,11 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
         warnings.simplefilter("ignore")
         study.set_metric_names(["cost_ratio_vs_baseline", "p95_e2e_s"][: len(study.directions)])
     console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
-                  f"{settings.replicates}+{settings.replicates} interleaved replicates each ({settings.schedule}"
-                  f"{', after a warm-up run' if settings.warmup_replicate else ''}), {pool.size} slot(s); "
-                  f"baseline {baseline}; study {storage}")
+                  f"{'up to ' if settings.sequential else ''}{settings.replicates}+{settings.replicates} interleaved "
+                  f"replicates each ({settings.schedule}{', after a warm-up run' if settings.warmup_replicate else ''}"
+                  f"{', stopping once decided' if settings.sequential else ''}), {pool.size} slot(s); "
+                  + (f"preemption boundary along {settings.boundary_knob} probed first; " if settings.boundary_knob
+                     else "") + f"baseline {baseline}; study {storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
     warmup = int(settings.warmup_replicate)
@@ -254,6 +259,17 @@ def grid_points(distributions: dict[str, Any], *, seed: int) -> list[dict[str, A
     points = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
     random.Random(seed).shuffle(points)
     return points
+
+
+def boundary_knob(cfg: DictConfig, distributions: dict[str, Any]) -> str | None:
+    """The knob probed for the preemption boundary (study.boundary), checked against the space."""
+    wanted = cfg.study.boundary
+    knob = choose_knob(distributions, wanted)
+    if knob is not None and (knob not in distributions or not ordered(distributions[knob])):
+        ordered_knobs = [k for k, d in distributions.items() if ordered(d)]
+        raise ConfigError(f"study.boundary must be auto, none or an ordered knob of the space "
+                          f"({', '.join(ordered_knobs) or 'none has an order'}), but got {wanted!r}")
+    return knob
 
 
 def _extremes(dist: Any) -> list[Any]:

@@ -40,6 +40,8 @@ class StepEvent:
 class EngineSession(Protocol):
     start_seconds: float  # how long the engine took to start
     max_num_seqs: int | None  # how many sequences the engine runs at once, as it resolved its own default
+    kv_blocks: int | None  # KV-cache blocks the engine allocated, and tokens per block (None: not reported)
+    kv_block_size: int | None
 
     def add(self, request: Request) -> None: ...
     def step(self) -> list[StepEvent]: ...

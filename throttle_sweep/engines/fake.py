@@ -74,6 +74,7 @@ class FakeSession:
         self.chunked = flags.get("enable_chunked_prefill") is not False
         kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
         self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
+        self.kv_blocks, self.kv_block_size = self.total_blocks, self.block_size
         rng = random.Random(knobs.seed * 1_000_003 + start_index)
         self.speed = (1.0 + knobs.drift_per_start * start_index) * math.exp(rng.gauss(0.0, knobs.noise_sd))
         self.start_seconds = knobs.start_s

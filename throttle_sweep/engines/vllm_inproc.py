@@ -51,6 +51,10 @@ class VllmSession:
             self.max_num_seqs: int | None = int(self._engine.vllm_config.scheduler_config.max_num_seqs)
         except (AttributeError, TypeError, ValueError):
             self.max_num_seqs = None
+        cache = getattr(self._engine.vllm_config, "cache_config", None)
+        # the KV capacity vLLM found room for (it logs it as "GPU KV cache size: N tokens")
+        self.kv_blocks: int | None = getattr(cache, "num_gpu_blocks", None)
+        self.kv_block_size: int | None = getattr(cache, "block_size", None)
 
     def add(self, request: Request) -> None:
         params = self._sampling(

@@ -1,0 +1,119 @@
+"""The boundary finder: single-run probes find where preemption starts, exactly, on surfaces of every shape
+it must handle, and say so when a surface breaks its assumptions (then feasibility comes from replicates)."""
+
+from __future__ import annotations
+
+import optuna
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.search.boundary import BoundarySearch, describe, knob_values, predicted_last_clean
+
+
+def run(search: BoundarySearch, preemptions, slots: int = 1) -> tuple[int, int]:
+    """Answer the search's probes with `preemptions(value, repeat)`, `slots` at a time, a round at a time;
+    returns (probes, rounds)."""
+    probes = rounds = 0
+    while not search.done():
+        batch = search.wanted(slots)
+        assert batch, "a search that is not done must ask for something when nothing is in flight"
+        rounds += 1
+        for index, repeat in batch:
+            search.add(index, repeat, preemptions(search.boundary.values[index], repeat))
+            probes += 1
+    return probes, rounds
+
+
+@settings(max_examples=60, deadline=None)
+@given(high=st.integers(2, 300), edge=st.integers(0, 300), slots=st.integers(1, 4))
+def test_an_increasing_surface_gives_the_exact_boundary_in_logarithmic_probes(high, edge, slots):
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, high, log=True), {}, parallel=slots)
+    probes, rounds = run(search, lambda v, _: max(0, v - edge), slots)
+    b = search.boundary.summary()
+    assert b["settled"]
+    if edge < 1:
+        assert b["last_clean"] is None and b["first_preempting"] == 1
+    elif edge >= high:
+        assert b["last_clean"] == high and b["first_preempting"] is None
+    else:
+        assert (b["last_clean"], b["first_preempting"], b["exact"]) == (edge, edge + 1, True)
+        assert search.boundary.feasible(edge) is True and search.boundary.feasible(edge + 1) is False
+        assert search.boundary.feasible(1) is True and search.boundary.feasible(high) is False
+    one_slot = 2 + (high - 1).bit_length() + 2  # both ends, bisection, the recheck
+    assert (probes if slots == 1 else rounds) <= one_slot  # more slots: more probes a round, fewer rounds
+
+
+def test_a_decreasing_surface_kv_size_preempts_below_a_value():
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20]
+    search = BoundarySearch.over("kv_cache_memory_bytes", CategoricalDistribution(sizes[::-1]), {})
+    run(search, lambda v, _: 5 if v < (8 << 20) else 0)
+    b = search.boundary
+    assert b.direction == "down" and b.summary()["last_clean"] == 8 << 20 and b.summary()["first_preempting"] == 4 << 20
+    assert b.feasible(16 << 20) is True and b.feasible(2 << 20) is False
+    assert "last clean kv_cache_memory_bytes=8388608" in describe(b.summary())
+
+
+def test_a_repeat_that_disagrees_makes_the_boundary_untrusted():
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, 16), {})
+    run(search, lambda v, repeat: (max(0, v - 7) + (1 if repeat == 2 and v == 8 else 0)))
+    b = search.boundary
+    assert not b.consistent and not b.settled
+    assert b.feasible(2) is None and b.feasible(16) is None  # nothing is decided by probes then
+    assert "not deterministic here" in describe(b.summary())
+
+
+def test_a_clean_value_beyond_a_preempting_one_is_no_boundary():
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, 16), {})
+    run(search, lambda v, _: 0 if v in (1, 16) else (3 if v == 8 else 0))
+    # the ends are both clean: no boundary in the range, and the recheck finds nothing odd
+    assert search.boundary.summary()["first_preempting"] is None
+    # bisection can only see what it probes: with three slots a round probes 5, 9 and 12 between the ends
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, 16), {}, parallel=3)
+    run(search, lambda v, _: 4 if v == 5 or v >= 14 else 0, slots=3)
+    assert not search.boundary.monotone and search.boundary.feasible(1) is None
+    assert "interleave" in describe(search.boundary.summary())
+
+
+def test_knob_values_are_the_full_resolution():
+    assert knob_values(IntDistribution(1, 64, log=True)) == list(range(1, 65))
+    assert knob_values(FloatDistribution(0.5, 0.9, step=0.1)) == [0.5, 0.6, 0.7, 0.8, 0.9]
+    assert len(knob_values(FloatDistribution(0.5, 0.9))) == 33
+    assert knob_values(CategoricalDistribution([4096, 1024, 2048])) == [1024, 2048, 4096]
+
+
+def test_the_kv_capacity_predicts_how_many_full_requests_fit():
+    assert predicted_last_clean(16 * 128, 128, [160]) == 8  # 2 blocks a request, 16 blocks
+    assert predicted_last_clean(15 * 128, 128, [160]) == 7
+    assert predicted_last_clean(None, 128, [160]) is None and predicted_last_clean(2048, 128, [100, 160]) is None
+
+
+KV = 48 * 16 * 1024  # the fake: 48 blocks of 16 tokens
+WORK = ["workload.num_requests=32", "workload.prompt_len=16", "workload.output_len=48", "workload.concurrency=32",
+        "workload.warmup_requests=0", "engine.block_size=16"]
+
+
+def test_a_two_knob_space_gets_a_boundary_for_each_setting_of_the_other_knob(tmp_path):
+    """max_num_seqs x KV size on the fake: more KV moves the boundary up; each is exact, and the sweep never
+    measures a comparison past the boundary of its own KV size."""
+    kvs = [KV // 2, KV, 2 * KV]
+    cfg = compose_cfg("backend=fake", *WORK, "+space=batching", "space.max_num_seqs.low=1", "space.max_num_seqs.high=32",
+                      "space.max_num_seqs.log=false", "~space.max_num_batched_tokens",
+                      f"+space.kv_cache_memory_bytes={{type: categorical, choices: {kvs}}}", "study.name=two",
+                      "study.n_trials=6", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=1",
+                      "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name="two", storage=f"sqlite:///{tmp_path / 'two' / 'study.db'}")
+    found = {b["others"]["kv_cache_memory_bytes"]: b for b in study.user_attrs["boundaries"]}
+    assert set(found) == set(kvs) and all(b["exact"] and b["settled"] for b in found.values())
+    edges = [found[kv]["last_clean"] for kv in kvs]
+    assert edges == sorted(edges) and len(set(edges)) == 3, edges
+    for kv in kvs:  # each agrees with the fake run directly
+        assert found[kv]["predicted_last_clean"] == found[kv]["last_clean"]
+    for t in study.trials:
+        if t.user_attrs.get("source") is None and t.state == optuna.trial.TrialState.COMPLETE:
+            assert t.params["max_num_seqs"] <= found[t.params["kv_cache_memory_bytes"]]["last_clean"]
+            assert t.user_attrs["preemptions"] == 0

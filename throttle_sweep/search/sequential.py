@@ -1,0 +1,90 @@
+"""Sequential comparisons: look after every balanced block, stop as soon as more runs cannot change what the
+comparison is for. Pure functions, no I/O.
+
+A comparison is planned to its maximum (compare.replicates per arm) but looked at after each balanced block
+(equal runs per arm, an even number each: a complete B C C B block under abba). Each of the L looks tests at
+alpha / L, so the chance of a false verdict at any look is at most alpha (Bonferroni over looks: the
+simplest valid alpha spending; calibration tests simulate it with drift). A search comparison stops when its
+verdict against the baseline is decided and its rank against the best feasible candidate so far is too
+(clearly cheaper or clearly pricier), or when it can no longer win (PRICIER, NO DIFFERENCE, or clearly
+pricier than the best). A confirmation stops when its (also family-adjusted) verdict is decided, unless it
+must still be told apart from other confirmed savings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from throttle_sweep.schedule import BASELINE, CANDIDATE
+from throttle_sweep.stats import CHEAPER, INCONCLUSIVE, NO_DIFFERENCE, PRICIER, Thresholds, clearly_lower
+
+
+class Ranked(Protocol):
+    ratio: float
+    se_log: float
+    df: int
+
+
+def look_ends(order: Sequence[str], warmup: bool) -> list[int]:
+    """How many positions of `order` are done at each look: after every balanced block (equal measured runs
+    per arm, an even number of at least 2 each), and at the end."""
+    ends, counts = [], {BASELINE: 0, CANDIDATE: 0}
+    for position, arm in enumerate(order):
+        if warmup and position == 0:
+            continue
+        counts[arm] += 1
+        n = counts[BASELINE]
+        if n == counts[CANDIDATE] and n >= 2 and n % 2 == 0:
+            ends.append(position + 1)
+    if not ends or ends[-1] != len(order):
+        ends.append(len(order))
+    return ends
+
+
+def per_look(thresholds: Thresholds, looks: int, family: int = 1) -> Thresholds:
+    """The thresholds each look tests at: alpha spent evenly over the looks (and a confirmed family)."""
+    return Thresholds(thresholds.alpha / (max(1, looks) * max(1, family)), thresholds.min_effect,
+                      thresholds.equivalence_margin)
+
+
+def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alpha: float) -> str | None:
+    """Why a search comparison can stop at this look, or None to go on."""
+    if estimate is None:
+        return "no estimate can be made"
+    if verdict in (PRICIER, NO_DIFFERENCE):
+        return f"{verdict}: it cannot win"
+    if best is not None and clearly_lower(best, estimate, alpha):  # type: ignore[arg-type]
+        return "clearly pricier than the best feasible candidate so far"
+    if verdict == CHEAPER:
+        if best is None:
+            return "CHEAPER, and the first feasible saving"
+        if clearly_lower(estimate, best, alpha):  # type: ignore[arg-type]
+            return "CHEAPER, and clearly cheaper than the best feasible candidate so far"
+    return None
+
+
+def confirm_stop(verdict: str, *, ranked: bool) -> str | None:
+    """Why a confirmation can stop at this look: decided, and not a saving that must still be ranked against
+    others confirmed with it (`ranked`)."""
+    if verdict == INCONCLUSIVE:
+        return None
+    if verdict == CHEAPER and ranked:
+        return None
+    return f"{verdict} decided"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A finished trial's estimate, as kept in its attributes."""
+
+    ratio: float
+    se_log: float
+    df: int
+
+
+def to_rank(attrs: Mapping[str, Any]) -> Stored | None:
+    if attrs.get("ratio") is None or attrs.get("se_log") is None:
+        return None
+    return Stored(attrs["ratio"], attrs["se_log"], attrs.get("df") or 1)
