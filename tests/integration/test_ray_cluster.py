@@ -26,7 +26,7 @@ from tests.helpers import compose_cfg
 from throttle_sweep.cluster import belongs_to
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.records import read_records
-from throttle_sweep.sweep import MAX_ATTEMPTS
+from throttle_sweep.search.driver import MAX_ATTEMPTS
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,3 +32,45 @@ def test_small_real_sweep_confirms_and_exports_a_config_vllm_parses(tmp_path):
     args = parser.parse_args(["--config", str(tmp_path / "real" / "best" / "vllm_config.yaml")])
     assert args.max_num_seqs == winner["params"]["max_num_seqs"]
     assert args.kv_cache_memory_bytes == 64 << 20 and args.load_format == "dummy" and args.enforce_eager is True
+
+
+def bare_preemptions(max_num_seqs: int, *, requests: int, prompt_len: int, output_len: int) -> int:
+    """vLLM alone (no throttle_sweep code): LLM.generate over the same fixed work, its preemption counter."""
+    from vllm import LLM, SamplingParams
+
+    from throttle_sweep.models import TINY_QWEN2
+
+    llm = LLM(model=str(TINY_QWEN2), load_format="dummy", skip_tokenizer_init=True, kv_cache_memory_bytes=2 << 20,
+              max_model_len=256, max_num_seqs=max_num_seqs, enforce_eager=True, disable_log_stats=False, seed=0)
+    try:
+        prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 1 for j in range(prompt_len)]} for i in range(requests)]
+        llm.generate(prompts, SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
+                                             detokenize=False), use_tqdm=False)
+        return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+
+
+def test_the_probed_boundary_is_the_one_bare_vllm_shows(tmp_path):
+    """A step-1 sweep over max_num_seqs 2..12 with a 2 MiB KV cache: the probes name the exact boundary, which
+    bare LLM.generate runs of the same work confirm (no preemption at the last clean value, some at the next);
+    nothing past it is measured, and the winner is feasible."""
+    work = {"requests": 12, "prompt_len": 32, "output_len": 128}
+    cfg = compose_cfg("+space=batching", "study.name=edge", "study.n_trials=1", "study.sampler=grid",
+                      "space.max_num_seqs.low=2", "space.max_num_seqs.high=12", "space.max_num_seqs.log=false",
+                      "~space.max_num_batched_tokens", "engine.kv_cache_memory_bytes=2097152", "engine.max_model_len=256",
+                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=2",
+                      f"workload.num_requests={work['requests']}", f"workload.prompt_len={work['prompt_len']}",
+                      f"workload.output_len={work['output_len']}", "workload.concurrency=12",
+                      "workload.warmup_requests=0", "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name="edge", storage=f"sqlite:///{tmp_path / 'edge' / 'study.db'}")
+    (found,) = study.user_attrs["boundaries"]
+    assert found["exact"] and found["settled"], found
+    clean, dirty = found["last_clean"], found["first_preempting"]
+    assert bare_preemptions(clean, **work) == 0 and bare_preemptions(dirty, **work) == found["probes"][str(dirty)][0] > 0
+    assert found["predicted_last_clean"] == clean  # vLLM's own KV capacity, less its null block
+    measured = [t for t in study.trials if t.user_attrs.get("source") is None]
+    assert measured and all(t.params["max_num_seqs"] <= clean and t.user_attrs["preemptions"] == 0 for t in measured)
+    assert study.user_attrs["winner"]["params"]["max_num_seqs"] == clean  # the grid starts at the boundary

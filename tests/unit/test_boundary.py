@@ -117,3 +117,47 @@ def test_a_two_knob_space_gets_a_boundary_for_each_setting_of_the_other_knob(tmp
         if t.user_attrs.get("source") is None and t.state == optuna.trial.TrialState.COMPLETE:
             assert t.params["max_num_seqs"] <= found[t.params["kv_cache_memory_bytes"]]["last_clean"]
             assert t.user_attrs["preemptions"] == 0
+
+
+class ParallelPool:
+    """Three slots on the noiseless fake that finish together: `wait` returns every job submitted."""
+
+    slots, size = [0, 1, 2], 3
+
+    def __init__(self):
+        from throttle_sweep.engines import FakeEngine, FakeKnobs
+
+        self.engine, self.queue, self.rounds = FakeEngine(FakeKnobs()), [], []
+
+    def submit(self, job):
+        self.queue.append(job)
+
+    def wait(self):
+        from throttle_sweep.cost import Price
+        from throttle_sweep.measure import measure_replicate
+        from throttle_sweep.workload import WorkloadSpec
+
+        spec = WorkloadSpec(num_requests=32, prompt_len=16, output_len=48, concurrency=32, warmup_requests=0)
+        done, self.queue = self.queue, []
+        self.rounds.append(len(done))
+        return [(job, measure_replicate(self.engine, job.flags, spec, Price(), run_id="t", arm=job.arm,
+                                        position=job.position, environment={}, context=dict(job.context)))
+                for job in done]
+
+    def close(self):
+        pass
+
+
+def test_probes_use_every_free_slot_in_each_round():
+    from throttle_sweep.search.driver import Sweep, SweepSettings
+
+    pool = ParallelPool()
+    flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
+    sweep = Sweep(study=optuna.create_study(), distributions={"max_num_seqs": IntDistribution(1, 64)},
+                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=pool,
+                  write=lambda r: None, existing=[], settings=SweepSettings(boundary_knob="max_num_seqs"))
+    sweep.find_boundaries()
+    (found,) = sweep.study.user_attrs["boundaries"]
+    assert found["exact"] and found["settled"]
+    # the baseline and both ends at once, then rounds of 3 points (64 -> 16 -> 4 -> 1 values), then the recheck
+    assert len(pool.rounds) <= 6 and max(pool.rounds) == 3, pool.rounds

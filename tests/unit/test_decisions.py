@@ -22,9 +22,9 @@ from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import measure_replicate
 from throttle_sweep.schedule import make_schedule
+from throttle_sweep.search.driver import Confirmation, Sweep, SweepSettings, choose_winner
+from throttle_sweep.search.report import boundary
 from throttle_sweep.stats import CHEAPER, NO_DIFFERENCE, Observation, Thresholds, decide, estimate
-from throttle_sweep.sweep import Confirmation, Sweep, SweepSettings, choose_winner
-from throttle_sweep.sweep_report import boundary
 from throttle_sweep.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)

@@ -197,8 +197,8 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
 ])
 def test_every_shipped_config_composes_and_passes_its_checks(overrides):
     from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
+    from throttle_sweep.search.space import build_space
     from throttle_sweep.settings import plain, price_from, workload_from
-    from throttle_sweep.space import build_space
 
     cfg = compose_cfg(*overrides)
     price_from(cfg)
@@ -213,7 +213,7 @@ def pareto_of(points):
     from optuna.trial import create_trial
 
     from throttle_sweep.pool import LocalPool
-    from throttle_sweep.sweep import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep, SweepSettings
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     for i, (ratio, latency, ok) in enumerate(points):
@@ -337,7 +337,7 @@ class LosingPool:
 
 
 def losing_sweep(pool):
-    from throttle_sweep.sweep import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep, SweepSettings
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for n in (2, 3, 4, 5):
@@ -366,7 +366,7 @@ def test_a_comparison_whose_slot_is_lost_starts_again_on_a_live_slot_and_nothing
 
 
 def test_losing_every_slot_stops_the_sweep_with_everything_measured_kept():
-    from throttle_sweep.sweep import NoSlotsLeft
+    from throttle_sweep.search.driver import NoSlotsLeft
 
     sweep, written = losing_sweep(LosingPool(lose_at=2, lose_all=True))
     with pytest.raises(NoSlotsLeft, match="run the same command again"):

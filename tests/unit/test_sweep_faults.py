@@ -16,7 +16,7 @@ from throttle_sweep.compare import MAX_ATTEMPTS, settle
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.measure import measure_replicate, record_header
-from throttle_sweep.sweep import BaselineFails, Sweep, SweepSettings
+from throttle_sweep.search.driver import BaselineFails, Sweep, SweepSettings
 from throttle_sweep.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)

@@ -10,8 +10,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.export import export_best
 from throttle_sweep.runlock import hold
+from throttle_sweep.search.export import export_best
 from throttle_sweep.settings import arm_flags, engine_from, plain
 
 

@@ -27,6 +27,9 @@ from throttle_sweep.progress import Progress
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
+from throttle_sweep.search.driver import Sweep, SweepSettings, SweepStopped, resume_key
+from throttle_sweep.search.report import lines, write_report
+from throttle_sweep.search.space import build_space, grid
 from throttle_sweep.settings import (
     arm_flags,
     concurrency_note,
@@ -37,9 +40,6 @@ from throttle_sweep.settings import (
     price_from,
     workload_from,
 )
-from throttle_sweep.space import build_space, grid
-from throttle_sweep.sweep import Sweep, SweepSettings, SweepStopped, resume_key
-from throttle_sweep.sweep_report import lines, write_report
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 
@@ -79,7 +79,7 @@ def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool,
 
     if kind == "tpe":
         startup = max(3, min(10, cfg.study.n_trials // 3))
-        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (sweep.py)
+        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (search/driver.py)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=parallel)
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)

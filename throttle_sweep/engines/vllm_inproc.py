@@ -52,8 +52,9 @@ class VllmSession:
         except (AttributeError, TypeError, ValueError):
             self.max_num_seqs = None
         cache = getattr(self._engine.vllm_config, "cache_config", None)
-        # the KV capacity vLLM found room for (it logs it as "GPU KV cache size: N tokens")
-        self.kv_blocks: int | None = getattr(cache, "num_gpu_blocks", None)
+        # the KV capacity vLLM found room for, less the one block its v1 block pool keeps as the null block
+        blocks = getattr(cache, "num_gpu_blocks", None)
+        self.kv_blocks: int | None = blocks - 1 if isinstance(blocks, int) and blocks > 1 else None
         self.kv_block_size: int | None = getattr(cache, "block_size", None)
 
     def add(self, request: Request) -> None:

@@ -6,7 +6,9 @@ ends of the knob's range, then splits the interval between the last clean and th
 (k-section: one point per free slot per round, plain bisection with one slot) until they are neighbours at
 the space's full resolution, then probes those two once more. A repeat that disagrees with the first count,
 or a clean value beyond a preempting one, means the surface is not what this search assumes: the result
-says so and the sweep falls back to judging feasibility from replicates.
+says so and the sweep falls back to judging feasibility from replicates. (Bisection only sees the values it
+probes: a clean island inside a preempting stretch it skipped goes unnoticed. For max_num_seqs, KV size and
+memory utilisation under fixed work the surface is monotone.)
 """
 
 from __future__ import annotations
@@ -130,14 +132,6 @@ class Boundary:
         """The last clean and the first preempting value are neighbours at full resolution."""
         clean, dirty = self.edge()
         return clean is not None and dirty is not None and abs(clean - dirty) == 1
-
-    def count_at(self, value: Any) -> int | None:
-        """The preemption count probed at `value`, or the nearest probed one on its side of the edge."""
-        i = self.values.index(value)
-        if i in self.counts:
-            return self.counts[i][0]
-        side = [j for j in self.probed if self.dirty(j) == (self.feasible(value) is False)]
-        return self.counts[min(side, key=lambda j: abs(j - i))][0] if side else None
 
     def summary(self) -> dict[str, Any]:
         clean, dirty = self.edge()

@@ -1,21 +1,27 @@
 """Sequential comparisons: look after every balanced block, stop as soon as more runs cannot change what the
 comparison is for. Pure functions, no I/O.
 
-A comparison is planned to its maximum (compare.replicates per arm) but looked at after each balanced block
-(equal runs per arm, an even number each: a complete B C C B block under abba). Each of the L looks tests at
-alpha / L, so the chance of a false verdict at any look is at most alpha (Bonferroni over looks: the
-simplest valid alpha spending; calibration tests simulate it with drift). A search comparison stops when its
+A comparison is planned to its maximum (compare.replicates per arm) and looked at on the way. Each of the L
+looks tests at alpha / L, so the chance of a false verdict at any look is at most alpha (Bonferroni over
+looks: the simplest valid alpha spending, whatever the stopping rule; calibration tests simulate it with
+drift). A search comparison screens: it is looked at after every B C C B block. Its first look (2 runs per
+arm, 1 residual df) cannot see curvature in the drift, which a single block confounds with the arm; that
+is tolerable for a screen, because confirmation decides. A confirmation is looked at only after complete
+B C C B C B B C pairs, which are balanced against linear drift, curvature and an odd/even rhythm. A search comparison stops when its
 verdict against the baseline is decided and its rank against the best feasible candidate so far is too
-(clearly cheaper or clearly pricier), or when it can no longer win (PRICIER, NO DIFFERENCE, or clearly
-pricier than the best). A confirmation stops when its (also family-adjusted) verdict is decided, unless it
+(clearly cheaper or clearly pricier, or out of reach of the planned runs: confirmation ranks those), or when
+it can no longer win (PRICIER, NO DIFFERENCE, or clearly pricier than the best). A confirmation stops when its (also family-adjusted) verdict is decided, unless it
 must still be told apart from other confirmed savings.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from scipy import stats as sps
 
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.stats import CHEAPER, INCONCLUSIVE, NO_DIFFERENCE, PRICIER, Thresholds, clearly_lower
@@ -27,16 +33,17 @@ class Ranked(Protocol):
     df: int
 
 
-def look_ends(order: Sequence[str], warmup: bool) -> list[int]:
-    """How many positions of `order` are done at each look: after every balanced block (equal measured runs
-    per arm, an even number of at least 2 each), and at the end."""
+def look_ends(order: Sequence[str], warmup: bool, every: int = 2) -> list[int]:
+    """How many positions of `order` are done at each look: whenever both arms have the same number of
+    measured runs, a multiple of `every` (2: each B C C B block; 4: each B C C B C B B C pair, which is also
+    balanced against curvature and an odd/even rhythm), and at the end."""
     ends, counts = [], {BASELINE: 0, CANDIDATE: 0}
     for position, arm in enumerate(order):
         if warmup and position == 0:
             continue
         counts[arm] += 1
         n = counts[BASELINE]
-        if n == counts[CANDIDATE] and n >= 2 and n % 2 == 0:
+        if n == counts[CANDIDATE] and n >= every and n % every == 0:
             ends.append(position + 1)
     if not ends or ends[-1] != len(order):
         ends.append(len(order))
@@ -49,8 +56,12 @@ def per_look(thresholds: Thresholds, looks: int, family: int = 1) -> Thresholds:
                       thresholds.equivalence_margin)
 
 
-def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alpha: float) -> str | None:
-    """Why a search comparison can stop at this look, or None to go on."""
+def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alpha: float,
+                shrink: float = 1.0) -> str | None:
+    """Why a search comparison can stop at this look, or None to go on. `shrink`: how much the candidate's
+    standard error would shrink by the planned end (sqrt(runs now / runs planned)); if even then the rank
+    against the best so far could not be decided, more runs are futile and confirmation decides it (a
+    futility stop never makes a claim, so it costs no error rate)."""
     if estimate is None:
         return "no estimate can be made"
     if verdict in (PRICIER, NO_DIFFERENCE):
@@ -62,6 +73,9 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
             return "CHEAPER, and the first feasible saving"
         if clearly_lower(estimate, best, alpha):  # type: ignore[arg-type]
             return "CHEAPER, and clearly cheaper than the best feasible candidate so far"
+        reach = sps.norm.ppf(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
+        if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
+            return "CHEAPER; its rank against the best so far cannot be decided within the plan: confirmation decides"
     return None
 
 

@@ -285,7 +285,7 @@ class Sweep:
 
     def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int,
                    lead: str = BASELINE, *, arms: Mapping[str, Mapping[str, Any]] | None = None,
-                   order: Sequence[str] | None = None, family: int = 1) -> Comparison:
+                   order: Sequence[str] | None = None, family: int = 1, ranked: bool = False) -> Comparison:
         """The comparison to run for `key`, decided from the records (`settle`): a complete one is reused,
         and so is one that stopped at a look where the stopping rule says it is decided; one to redo is left
         as it is and the work starts afresh under the next key ('trial-4' -> 'trial-4~1'). `arms` and
@@ -297,7 +297,8 @@ class Sweep:
             order = make_schedule(self.settings.schedule, replicates, seed=self.settings.schedule_seed, lead=lead)
             if self.settings.warmup_replicate:
                 order = with_warmup(order)
-        looks = look_ends(order, self.settings.warmup_replicate) if planned and self.settings.sequential \
+        every = 4 if stage == "confirm" else 2  # confirmations: only balanced pairs (see search/sequential.py)
+        looks = look_ends(order, self.settings.warmup_replicate, every) if planned and self.settings.sequential \
             else [len(order)]
         thresholds = per_look(self.settings.thresholds, len(looks), family)
         discarded, faults = [], 0
@@ -307,7 +308,7 @@ class Sweep:
             fault = fault_of(done)
             last = fault is not None and faults + 1 >= MAX_ATTEMPTS  # the attempts are spent: give up on it
             comp = Comparison(key, stage, dict(arms), list(order), cid, slot, records=done, discarded=discarded,
-                              faults=faults, looks=looks, thresholds=thresholds, family=family)
+                              faults=faults, looks=looks, thresholds=thresholds, family=family, ranked=ranked)
             if settle(done, len(order)) != "redo" or last:
                 return comp
             if fault is None and comp.at_look() and (why := self.stop_rule(comp)):
@@ -326,8 +327,10 @@ class Sweep:
         if analysis.estimate is not None and broken_constraints(trial_summary(analysis, self.settings), self.settings):
             return "infeasible: it broke a constraint"
         best = self.best()
+        warmup = int(self.settings.warmup_replicate)  # the warm-up run is not analysed
+        shrink = math.sqrt((len(comp.records) - warmup) / (len(comp.order) - warmup))
         return search_stop(analysis.verdict, analysis.estimate, to_rank(best.user_attrs) if best else None,
-                           comp.thresholds.alpha)
+                           comp.thresholds.alpha, shrink)
 
     def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None]
                         ) -> None:
@@ -436,12 +439,12 @@ class Sweep:
                  + (f", for each of {len(settings)} settings of the other knobs" if len(settings) > 1 else "") + ")")
 
         def start(slot: int) -> Comparison | None:
-            if pending:
-                item = pending.pop(0)
-            else:
-                item = next(((s, *w[0]) for s in searches if (w := s.wanted(1))), None)
-                if item is None:
-                    return None
+            if not pending:  # the next round of every search that can go on: one probe per slot
+                for s in searches:
+                    pending.extend((s, *w) for w in s.wanted(len(self.pool.slots)))
+            if not pending:
+                return None
+            item = pending.pop(0)
             search, index, repeat = item
             if search is None:
                 arms, order, key = {BASELINE: dict(self.baseline_flags)}, [BASELINE], "probe baseline"
@@ -546,14 +549,15 @@ class Sweep:
         nearest = min((i for i in boundary.probed if boundary.dirty(i)), key=lambda i: abs(i - index))
         base = self.probe_cost(self.baseline_probe) if self.baseline_probe else None
         cost = self.probe_cost(self.probe_records[(others, nearest)])
-        count = boundary.counts[nearest][0] or 1
+        count = boundary.counts[nearest][0]  # None: that probe's engine failed
+        violation = float(count - self.settings.max_preemptions) if count is not None else 1.0
+        what = "preempted" if count is not None else "failed"
         ratio = cost / base if cost and base else 1.0
         for key, value in {"source": "boundary", "status": "ok", "preemptions": count, "ratio": ratio,
-                           "reason": f"beyond the probed boundary ({knob}={boundary.values[nearest]} preempted): not run",
-                           "constraints": [float(count - self.settings.max_preemptions)],
-                           "constraint_names": ["preemptions"]}.items():
+                           "reason": f"beyond the probed boundary ({knob}={boundary.values[nearest]} {what}): not run",
+                           "constraints": [violation], "constraint_names": ["preemptions"]}.items():
             trial.set_user_attr(key, value)
-        trial.set_constraint("preemptions", float(count - self.settings.max_preemptions))
+        trial.set_constraint("preemptions", violation)
         self.study.tell(trial, [ratio, 0.0] if self.settings.multi_objective else ratio)
 
     # ---- search -----------------------------------------------------------------------------------------
@@ -772,9 +776,9 @@ class Sweep:
                 return None
             t = queue.pop(0)
             comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
-                                   self.settings.confirm_replicates, slot, lead=leader(t.number), family=family)
+                                   self.settings.confirm_replicates, slot, lead=leader(t.number), family=family,
+                                   ranked=ranked)
             comp.source_trial = t.number
-            comp.ranked = ranked
             return comp
 
         def finish(comp: Comparison) -> None:

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe
-from throttle_sweep.sweep import WINNER_RULE, SweepResult, cost, feasible
+from throttle_sweep.search.driver import WINNER_RULE, SweepResult, cost, feasible
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
@@ -26,7 +26,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
                      "ratio": a.get("ratio"), "ci": a.get("ci"), "verdict": a.get("verdict"),
                      "preemptions": a.get("preemptions"), "feasible": feasible(t), "status": status,
                      "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of"),
-                     "source": a.get("source"), "stopped": a.get("stopped"),
+                     "source": a.get("source"), "stopped": a.get("stopped"), "alpha": a.get("alpha_per_look"),
+                     "looks": a.get("looks"),
                      "ran_on": ",".join(a.get("ran_on") or [])})
     return rows
 
@@ -93,7 +94,7 @@ def fmt_params(params: Mapping[str, Any]) -> str:
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     rows = trial_rows(result.study)
     many = len({r["ran_on"] for r in rows if r["ran_on"]}) > 1  # several slots: say which ran each trial
-    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [95% CI]':<22} {'verdict':<13} {'preempt':>7}  "
+    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [CI]':<22} {'verdict':<13} {'preempt':>7}  "
            + (f"{'slot':<26}" if many else "") + "status"]
     for r in rows:
         usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
@@ -114,8 +115,11 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         slot = f"{r['ran_on'] or '-':<26}" if many else ""
         out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
                    f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {slot}{status}")
+    levels = sorted({r["alpha"] for r in rows if r["alpha"]})
+    level = "/".join(f"{100 * (1 - a):g}%" for a in levels) or "95%"
     out.append(f"($ per million output tokens, {BASIS_LABEL[result.cost_basis]}, {price.label()}; "
-               "ratio = candidate/baseline, drift-aware)")
+               f"ratio = candidate/baseline, drift-aware, {level} intervals"
+               + (": alpha split over the looks a screen may take)" if any((r["looks"] or 1) > 1 for r in rows) else ")"))
     out.extend(boundary(result.study))
     if result.pareto:
         out.append("Pareto front of feasible trials (cost ratio vs the candidate's p95 end-to-end latency):")
@@ -200,7 +204,7 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
             ax.errorbar(xs, ys, yerr=err, fmt="o", color=colour, label=label, capsize=3)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel(flag)
-        ax.set_ylabel("cost ratio vs baseline (95% CI)")
+        ax.set_ylabel("cost ratio vs baseline (interval of the table)")
         ax.legend()
         fig.tight_layout()
         name = f"cost_vs_{flag}.png"
