@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,6 +38,8 @@ FAKE = ["backend=fake", "fake.realtime=true", "fake.start_s=0.3", "workload.num_
         "engine.kv_cache_memory_bytes=131072", "engine.block_size=16", "+space=batching", "space.max_num_seqs.low=1",
         "space.max_num_seqs.high=8", "space.max_num_seqs.log=false", "~space.max_num_batched_tokens",
         "study.sampler=grid", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2", "plots=false"]
+# the fault tests aim at comparisons: without boundary probes first (their faults are tested on the fake)
+NO_PROBES = "study.boundary=none"
 
 
 @pytest.fixture
@@ -140,7 +143,7 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
         return False
 
     watcher = kill_when(tmp_path / "kill" / "replicates.jsonl", 3, kill_a_measuring_actor)
-    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+    code, study, records = run_sweep(tmp_path, NO_PROBES, "study.n_trials=8", "ray.enabled=true",
                                      f"ray.address={cluster.address}", name="kill")
     watcher.join(timeout=1)
     assert code == 0 and len(victims) == 1
@@ -162,7 +165,7 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
 
 
 def test_a_candidate_that_kills_its_engine_process_fails_only_its_own_trial(cluster, tmp_path):
-    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+    code, study, records = run_sweep(tmp_path, NO_PROBES, "study.n_trials=8", "ray.enabled=true",
                                      f"ray.address={cluster.address}", "+fake.exit_when.max_num_seqs=6", name="crash")
     assert code == 0
     failed = sorted(t.params["max_num_seqs"] for t in study.trials if t.state == TrialState.FAIL)
@@ -174,8 +177,8 @@ def test_a_candidate_that_kills_its_engine_process_fails_only_its_own_trial(clus
 
 def test_a_hung_engine_is_ended_at_its_deadline_and_blamed_on_the_slot_not_the_candidate(cluster, tmp_path):
     began = time.monotonic()
-    code, study, records = run_sweep(tmp_path, "study.n_trials=4", "space.max_num_seqs.high=4", "ray.enabled=true",
-                                     f"ray.address={cluster.address}", "+fake.hang_when.max_num_seqs=3",
+    code, study, records = run_sweep(tmp_path, NO_PROBES, "study.n_trials=4", "space.max_num_seqs.high=4",
+                                     "ray.enabled=true", f"ray.address={cluster.address}", "+fake.hang_when.max_num_seqs=3",
                                      "ray.job_timeout_s=8", name="hang")
     assert code == 0 and time.monotonic() - began < 150
     hung = [r for r in records if r["status"] != "ok"]
@@ -225,7 +228,7 @@ def test_worker_node_killed_mid_sweep_loses_nothing_and_the_sweep_finishes(clust
 
     watcher = kill_when(tmp_path / "node" / "replicates.jsonl", 5, remove_worker)
     console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
-    code, study, records = run_sweep(tmp_path, "study.n_trials=8", "ray.enabled=true",
+    code, study, records = run_sweep(tmp_path, NO_PROBES, "study.n_trials=8", "ray.enabled=true",
                                      f"ray.address={cluster.address}", name="node", console=console)
     watcher.join(timeout=1)
     assert code == 0 and removed
@@ -244,7 +247,7 @@ def test_worker_node_killed_mid_sweep_loses_nothing_and_the_sweep_finishes(clust
 
 def driver(tmp_path: Path, name: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "throttle_sweep", *FAKE, f"study.name={name}", f"results_dir={tmp_path}",
-            "study.n_trials=6", "ray.enabled=true", "ray.cpu_slots=2", *extra]
+            "study.n_trials=6", "ray.enabled=true", "ray.cpu_slots=2", NO_PROBES, *extra]
 
 
 def wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -375,7 +378,12 @@ def end_ray_started_in(temp: str) -> None:
 def test_ray_job_submit_runs_a_sweep_on_a_running_cluster(tmp_path):
     temp = tempfile.mkdtemp(prefix="ts-job-", dir="/tmp")
     port, dash = free_port(), free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # token authentication with a token of our own (a fresh machine has no ~/.ray/auth_token): the head, the
+    # job CLI and the job's driver all read it from this file
+    token = Path(temp) / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     ray_cli = str(Path(sys.executable).parent / "ray")
     subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                     "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
@@ -385,7 +393,7 @@ def test_ray_job_submit_runs_a_sweep_on_a_running_cluster(tmp_path):
         job = subprocess.run([ray_cli, "job", "submit", f"--address=http://127.0.0.1:{dash}", "--", sys.executable,
                               "-m", "throttle_sweep", *FAKE, "study.name=job", f"results_dir={tmp_path}",
                               "study.n_trials=4", "ray.enabled=true", "ray.cpu_slots=2"],
-                             env={**env, "RAY_AUTH_MODE": "token"}, cwd=ROOT, capture_output=True, text=True,
+                             env=env, cwd=ROOT, capture_output=True, text=True,
                              timeout=600)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "ray: joined the cluster" in job.stdout and "succeeded" in job.stdout + job.stderr
