@@ -13,11 +13,15 @@ class Progress:
     def __init__(self, console: Console, total: int, *, what: str = "replicate") -> None:
         self.console, self.total, self.what = console, total, what
         self.began = time.monotonic()
+        self.first: float | None = None  # the ETA counts from the first step (probes before it are not steps)
         self.count = 0
 
     def step(self, description: str) -> None:
-        elapsed = time.monotonic() - self.began
-        eta = f"{elapsed / self.count * (self.total - self.count):.0f}s" if self.count else "?"
+        now = time.monotonic()
+        elapsed = now - self.began
+        self.first = self.first if self.first is not None else now
+        pace = (now - self.first) / self.count if self.count else None
+        eta = f"{pace * (self.total - self.count):.0f}s" if pace else "?"
         self.count += 1
         self.console.print(f"[dim]{self.what} {self.count}/{self.total}  elapsed {elapsed:.0f}s  ETA {eta}[/]  "
                            f"{description}", highlight=False)

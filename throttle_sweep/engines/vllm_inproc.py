@@ -10,6 +10,7 @@ import gc
 import os
 import platform
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,8 @@ def prepare_environment() -> None:
     """Set vLLM's CPU environment defaults before vllm is imported (a user's own values win)."""
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
+    if os.environ["VLLM_LOGGING_LEVEL"] == "ERROR":  # the same switch: VLLM_LOGGING_LEVEL=INFO shows them
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
 class VllmSession:
