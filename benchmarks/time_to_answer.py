@@ -67,6 +67,9 @@ def main() -> None:
           f"runs new/old: {mean['new']['runs'] / mean['old']['runs']:.2f}   (target <= 0.33)")
     sys.path.insert(0, str(ROOT))
     from tests.integration.test_vllm_sweep import bare_preemptions
+    from throttle_sweep.engines.vllm_inproc import prepare_environment
+
+    prepare_environment()  # vLLM's CPU settings and quiet logs, as the tool runs it
 
     found = results["new"][-1]["found"]
     work = {"requests": 16, "prompt_len": 32, "output_len": 128}
