@@ -86,9 +86,9 @@ def test_knob_values_are_the_full_resolution():
 
 
 def test_the_kv_capacity_predicts_how_many_full_requests_fit():
-    assert predicted_last_clean(16 * 128, 128, [160]) == 8  # 2 blocks a request, 16 blocks
-    assert predicted_last_clean(15 * 128, 128, [160]) == 7
-    assert predicted_last_clean(None, 128, [160]) is None and predicted_last_clean(2048, 128, [100, 160]) is None
+    assert predicted_last_clean(16, 128, [160]) == 8  # 2 blocks a request, 16 blocks
+    assert predicted_last_clean(15, 128, [160]) == 7
+    assert predicted_last_clean(None, 128, [160]) is None and predicted_last_clean(16, 128, [100, 160]) is None
 
 
 KV = 48 * 16 * 1024  # the fake: 48 blocks of 16 tokens

@@ -164,9 +164,6 @@ class BoundarySearch:
             return
         counts.append(preemptions)  # a repeat is only planned once the probe before it has answered
 
-    def busy(self) -> bool:
-        return bool(self._asked)
-
     def wanted(self, free: int) -> list[tuple[int, int]]:
         """Up to `free` (index, repeat) probes to hand out now; [] while waiting for answers, or when done."""
         if free <= 0:
@@ -234,11 +231,11 @@ def describe(summary: Mapping[str, Any], predicted: int | None = None) -> str:
     return text
 
 
-def predicted_last_clean(kv_tokens: int | None, block_size: int | None, request_tokens: Sequence[int]) -> int | None:
+def predicted_last_clean(blocks: int | None, block_size: int | None, request_tokens: Sequence[int]) -> int | None:
     """How many requests of this fixed work fit in the KV cache at their full length, from the engine's own
-    capacity (blocks x block size): with closed-loop fixed work they grow together, so one more than this
-    running at once must preempt. None when the engine did not say, or the requests are not all alike."""
-    if not kv_tokens or not block_size or not request_tokens or len(set(request_tokens)) != 1:
+    capacity (usable blocks of block_size tokens): with closed-loop fixed work they grow together, so one more
+    than this running at once must preempt. None when the engine did not say, or the requests differ."""
+    if not blocks or not block_size or not request_tokens or len(set(request_tokens)) != 1:
         return None
     per_request = -(-request_tokens[0] // block_size)
-    return (kv_tokens // block_size) // per_request
+    return blocks // per_request

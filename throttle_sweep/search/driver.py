@@ -11,6 +11,7 @@ over by the next run before anything new is asked.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -391,7 +392,6 @@ class Sweep:
                  f"{fault.record.get('reason')}); it starts again from scratch "
                  f"(attempt {comp.faults + 2} of {MAX_ATTEMPTS})")
 
-
     # ---- probes: the preemption boundary, from single runs ------------------------------------------------
     def other_settings(self) -> list[dict[str, Any]] | None:
         """Every setting of the knobs other than the boundary knob, or None if they have too many (or a
@@ -407,10 +407,7 @@ class Sweep:
                 else knob_values(dist)
         if math.prod(len(v) for v in values.values()) > self.settings.boundary_settings_max:
             return None
-        settings: list[dict[str, Any]] = [{}]
-        for flag, choices in values.items():
-            settings = [{**s, flag: v} for s in settings for v in choices]
-        return settings
+        return [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
 
     def probe_cost(self, record: Mapping[str, Any]) -> float | None:
         try:
@@ -493,8 +490,7 @@ class Sweep:
         work = self.workload_key.get("workload") or {}
         if work.get("length_dist") != "fixed" or work.get("jsonl") or not kv.get("blocks"):
             return None
-        return predicted_last_clean(kv["blocks"] * kv["block_size"], kv["block_size"],
-                                    [work["prompt_len"] + work["output_len"]])
+        return predicted_last_clean(kv["blocks"], kv["block_size"], [work["prompt_len"] + work["output_len"]])
 
     def tell_probes(self) -> None:
         """Probed preempting points become completed, infeasible trials (once): what the samplers learn the
@@ -522,18 +518,22 @@ class Sweep:
                     params=params, distributions={k: self.distributions[k] for k in params}, values=values,
                     user_attrs=attrs, constraints={"preemptions": attrs["constraints"][0]}))
 
+    def others_key(self, params: Mapping[str, Any]) -> str:
+        """The key of a point's boundary: the settings of every knob but the boundary knob."""
+        return flags_key({k: v for k, v in params.items() if k != self.settings.boundary_knob})
+
     def known_feasible(self, params: Mapping[str, Any]) -> bool | None:
         """What the probes say about these flags: True, False, or None (not probed, or not trustworthy)."""
         knob = self.settings.boundary_knob
         if knob not in params:
             return None
-        boundary = self.boundaries.get(flags_key({k: v for k, v in params.items() if k != knob}))
+        boundary = self.boundaries.get(self.others_key(params))
         return boundary.feasible(params[knob]) if boundary else None
 
     def edge_distance(self, params: Mapping[str, Any]) -> float:
         """How far below (on the clean side of) its boundary a point lies, in steps of the knob."""
         knob = self.settings.boundary_knob
-        boundary = self.boundaries.get(flags_key({k: v for k, v in params.items() if k != knob}))
+        boundary = self.boundaries.get(self.others_key(params))
         clean, _ = boundary.edge() if boundary else (None, None)
         if clean is None or params.get(knob) not in boundary.values:
             return math.inf
@@ -543,7 +543,7 @@ class Sweep:
         """A proposal the probes already show preempting: told infeasible at once, not run. Its value is the
         nearest probe's, so the sampler learns where the infeasible region is."""
         knob = self.settings.boundary_knob
-        others = flags_key({k: v for k, v in trial.params.items() if k != knob})
+        others = self.others_key(trial.params)
         boundary = self.boundaries[others]
         index = boundary.values.index(trial.params[knob])
         nearest = min((i for i in boundary.probed if boundary.dirty(i)), key=lambda i: abs(i - index))

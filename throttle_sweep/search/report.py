@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
-from throttle_sweep.search.boundary import describe
+from throttle_sweep.search.boundary import describe, ordered
 from throttle_sweep.search.driver import WINNER_RULE, SweepResult, cost, feasible
 
 
@@ -47,7 +47,7 @@ def boundary_from_trials(study: optuna.Study) -> list[str]:
     later); where preempting and clean values interleave, it says there is no clean boundary."""
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
             and "preemptions" in t.user_attrs and "duplicate_of" not in t.user_attrs]
-    flags = sorted({k for t in done for k, d in t.distributions.items() if _ordered(d)})
+    flags = sorted({k for t in done for k, d in t.distributions.items() if ordered(d)})
     lines = []
     for flag in flags:
         groups: dict[tuple, list[optuna.trial.FrozenTrial]] = {}
@@ -62,14 +62,6 @@ def boundary_from_trials(study: optuna.Study) -> list[str]:
         if not readable and groups:
             lines.append(f"no boundary along {flag} can be read: no two trials differ in {flag} alone")
     return lines
-
-
-def _ordered(dist: optuna.distributions.BaseDistribution) -> bool:
-    """A flag with an order: int or float ranges, or choices that are all numbers (not booleans)."""
-    if isinstance(dist, optuna.distributions.IntDistribution | optuna.distributions.FloatDistribution):
-        return True
-    choices = getattr(dist, "choices", ())
-    return bool(choices) and all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices)
 
 
 def _boundary_line(flag: str, trials: list[optuna.trial.FrozenTrial]) -> str:
