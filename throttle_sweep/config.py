@@ -41,7 +41,11 @@ class CostConf:
 class CompareConf:
     schedule: str = "abba"  # abba (complete B C C B blocks) | aba-bab | random
     replicates: int = 4  # per arm
-    warmup_replicate: bool = True  # one unmeasured run first, with the leading arm's flags
+    warmup_replicate: bool = False  # one unmeasured run first, with the leading arm's flags
+    restart: str = "never"  # warm engines: never | per_replicate | every_k (see slot.py)
+    restart_every: int | None = None  # every_k: replicates per engine lifetime
+    lifetime_warmup: bool = True  # a new engine runs the workload once, unmeasured, before its first replicate
+    engines_per_slot: int = 2  # engine processes a slot keeps warm (the baseline's and a candidate's)
     lead: str = "baseline"  # mode=compare: the arm that runs first (sweeps alternate it across comparisons)
     alpha: float = 0.05  # two-sided; CHEAPER is a one-sided claim at alpha/2
     min_effect: float = 0.0  # CHEAPER needs the whole interval below 1 - min_effect

@@ -1,5 +1,6 @@
-"""One replicate, end to end: start the engine with the flags, warm up, run the fixed workload, read the
-engine's metrics, shut down, and return the record. A failure becomes a record, never a crash."""
+"""One replicate: warm up, run the fixed workload, read the engine's metrics, and return the record, on an
+engine that is already running (`measure_on`, for the warm engines of engines/host.py) or on one started and
+shut down for it (`measure_replicate`). A failure becomes a record, never a crash."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from throttle_sweep.cost import Price, usd_per_mtok
-from throttle_sweep.engines.base import Engine
+from throttle_sweep.engines.base import Engine, EngineSession
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.records import SCHEMA_VERSION
 from throttle_sweep.workload import DriveResult, WorkloadSpec, drive, make_requests
@@ -135,15 +136,37 @@ def measure_replicate(
     environment: Mapping[str, Any] | None = None,
     context: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Measure once. The returned record has status 'ok', or 'failed' with the engine's reason."""
+    """Measure once on a fresh engine, started here and shut down after (mode=measure). The returned record
+    has status 'ok', or 'failed' with the engine's reason."""
     record = record_header(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
                            environment=environment, context=context)
     session = None
     try:
         session = engine.start(flags)
         record["engine_start_s"] = session.start_seconds
-        record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
-                              "block_size": getattr(session, "kv_block_size", None)}
+        measure_on(session, flags, spec, price, record)
+    except EngineStartError as exc:
+        record.update(status="failed", reason=str(exc), stage="start")
+    except Exception as exc:  # an engine bug must not take the caller down; keep its trace in the record
+        record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=8),
+                      stage="start")
+    finally:
+        if session is not None:
+            try:
+                session.close()
+            except Exception as exc:  # noqa: BLE001 - a failed shutdown is worth a note, not a crash
+                record["shutdown_error"] = f"{type(exc).__name__}: {exc}"
+    record["ended_at"] = _now_iso()
+    return record
+
+
+def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price,
+               record: dict[str, Any]) -> dict[str, Any]:
+    """One replicate on a running engine: warm-up requests, the fixed work, the engine's own counters. Fills
+    `record` (status 'ok', or 'failed' with the reason) and returns it; never raises for the engine's faults."""
+    record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
+                          "block_size": getattr(session, "kv_block_size", None)}
+    try:
         warmup = make_requests(spec, warmup=True)
         if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
@@ -161,18 +184,11 @@ def measure_replicate(
                 f"{record['requests_wrong_length']} requests did not produce exactly their output length (e.g. "
                 f"{wrong.request_id}: {wrong.output_tokens} of {wrong.output_len} tokens; cut short by "
                 "max_model_len?): not the fixed work asked for"))
-    except (EngineStartError, EngineRunError) as exc:
-        record.update(status="failed", reason=str(exc), stage="start" if session is None else "run")
+    except EngineRunError as exc:
+        record.update(status="failed", reason=str(exc), stage="run")
     except Exception as exc:  # an engine bug must not take the sweep down; keep its trace in the record
         record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=8),
-                      stage="start" if session is None else "run")
-    finally:
-        if session is not None:
-            try:
-                session.close()
-            except Exception as exc:  # noqa: BLE001 - a failed shutdown is worth a note, not a crash
-                record["shutdown_error"] = f"{type(exc).__name__}: {exc}"
-    record["ended_at"] = _now_iso()
+                      stage="run")
     return record
 
 

@@ -36,6 +36,18 @@ def engine_from(cfg: DictConfig) -> Engine:
     return make_engine(cfg.backend, fake_knobs=knobs)
 
 
+def warm_engines_from(cfg: DictConfig) -> dict[str, Any]:
+    """How a slot keeps its engines warm (compare.restart and friends), checked: the WarmSlot's keywords."""
+    from throttle_sweep.slot import check_restart
+
+    c = cfg.compare
+    check_restart(c.restart, c.restart_every)
+    if not isinstance(c.engines_per_slot, int) or c.engines_per_slot < 1:
+        raise ConfigError(f"compare.engines_per_slot must be an integer >= 1, but got {c.engines_per_slot!r}")
+    return {"restart": c.restart, "restart_every": c.restart_every, "engines": c.engines_per_slot,
+            "lifetime_warmup": bool(c.lifetime_warmup)}
+
+
 def arm_flags(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Engine flags for one arm: `base` with non-null `overrides` on top; nulls mean vLLM's default."""
     flags = {k: v for k, v in dict(base).items() if v is not None}

@@ -11,9 +11,10 @@ from tests.helpers import compose_cfg
 from throttle_sweep.analysis import analyse
 from throttle_sweep.commands import analyze as analyze_cmd
 from throttle_sweep.commands import compare as compare_cmd
-from throttle_sweep.engines import FakeEngine
+from throttle_sweep.engines.host import EngineHost
 from throttle_sweep.errors import ConfigError, RecordError
 from throttle_sweep.records import read_records
+from throttle_sweep.slot import WarmSlot
 from throttle_sweep.stats import CHEAPER, PRICIER, WITHHELD, Thresholds
 
 NOISY = ["backend=fake", "fake.noise_sd=0.02", "fake.drift_per_start=0.05", "workload.num_requests=24",
@@ -30,8 +31,7 @@ def test_eight_in_flight_is_cheaper_than_one_despite_drift(tmp_path):
     summary = run_compare(tmp_path)
     assert summary["verdict"] == CHEAPER and summary["ci"][1] < 1
     assert summary["labels"] == {"baseline": "max_num_seqs=1", "candidate": "max_num_seqs=8"}
-    assert [r["arm"][0] for r in summary["replicates"]] == list("b" + "bccbcbbc")  # a warm-up, then abba
-    assert "warm-up run at position 0" in " ".join(summary["notes"])
+    assert [r["arm"][0] for r in summary["replicates"]] == list("bccbcbbc")  # abba; the engines warm themselves
     assert (tmp_path / "c" / "replicates.png").stat().st_size > 1000
 
 
@@ -56,20 +56,20 @@ def test_analyze_reproduces_compare_exactly(tmp_path):
 
 
 def test_interrupted_compare_starts_afresh_and_keeps_what_was_measured(tmp_path, monkeypatch):
-    real_start, starts = FakeEngine.start, []
+    real_measure, calls = WarmSlot.measure, []
 
-    def start(self, flags):
-        starts.append(flags)
-        if len(starts) == 4:
+    def measure(self, *args):
+        calls.append(args)
+        if len(calls) == 4:
             raise KeyboardInterrupt  # the user stops the run during the 4th replicate
-        return real_start(self, flags)
+        return real_measure(self, *args)
 
-    monkeypatch.setattr(FakeEngine, "start", start)
+    monkeypatch.setattr(WarmSlot, "measure", measure)
     with pytest.raises(KeyboardInterrupt):
         run_compare(tmp_path)
     before = read_records(tmp_path / "c" / "replicates.jsonl")
     assert len(before) == 3
-    monkeypatch.setattr(FakeEngine, "start", real_start)
+    monkeypatch.setattr(WarmSlot, "measure", real_measure)
     summary = run_compare(tmp_path)
     records = read_records(tmp_path / "c" / "replicates.jsonl")
     assert records[:3] == before  # nothing lost
@@ -127,7 +127,7 @@ def test_analyze_bad_input_names_the_row_and_rule(tmp_path, rows, error, message
 
 
 def test_compare_refuses_bad_input_before_measuring(tmp_path, monkeypatch):
-    monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
+    monkeypatch.setattr(EngineHost, "__init__", lambda *a, **k: pytest.fail("engine process started"))
     for override, message in [("compare.replicates=1", "at least 2 per arm"),
                               ("compare.schedule=zigzag", "compare.schedule must be one of"),
                               ("+candidate.max_num_seq=3", "candidate: unknown engine flag 'max_num_seq'"),

@@ -185,14 +185,14 @@ def test_an_interrupted_grid_trial_is_taken_over_first_and_no_waiting_trials_are
     grid = [{"max_num_seqs": n} for n in (5, 2, 7, 3, 8, 4, 6)]
     first, written = make_sweep(study, ScriptedPool(interrupt_at(7)), [], n_trials=3, grid=grid)
     with pytest.raises(KeyboardInterrupt):
-        first.run()  # interrupted in trial 1 (max_num_seqs=2), after its warm-up run
+        first.run()  # interrupted in trial 1 (max_num_seqs=2), after two of its runs
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.RUNNING]
     second, written = make_sweep(study, ScriptedPool(), written, n_trials=3, grid=grid)
     second.search()
     states = Counter(t.state for t in study.trials)
     assert states == {TrialState.COMPLETE: 3}, states
     assert [t.params["max_num_seqs"] for t in study.trials] == [5, 2, 7]  # the grid's order, the interrupted first
-    assert sum(1 for r in written if r["stage"] == "search") == 1 + 3 * 5  # the partial one kept, 3 whole trials
+    assert sum(1 for r in written if r["stage"] == "search") == 2 + 3 * 4  # the partial one kept, 3 whole trials
 
 
 def test_flags_in_flight_on_another_slot_are_not_measured_twice_at_once():

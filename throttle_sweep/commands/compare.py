@@ -11,7 +11,6 @@ from rich.console import Console
 from throttle_sweep.analysis import COST_BASES, analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
 from throttle_sweep.progress import Progress
 from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
@@ -25,8 +24,10 @@ from throttle_sweep.settings import (
     preflight,
     price_from,
     run_dir,
+    warm_engines_from,
     workload_from,
 )
+from throttle_sweep.slot import WarmSlot
 from throttle_sweep.stats import Thresholds
 
 
@@ -55,7 +56,7 @@ def cost_basis_from(cfg: DictConfig) -> str:
 
 def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine, thresholds = price_from(cfg), workload_from(cfg), engine_from(cfg), thresholds_from(cfg)
-    basis = cost_basis_from(cfg)
+    basis, warm = cost_basis_from(cfg), warm_engines_from(cfg)
     base = plain(cfg.engine)
     arms = {BASELINE: arm_flags(base, plain(cfg.baseline)), CANDIDATE: arm_flags(base, plain(cfg.candidate))}
     for arm, flags in arms.items():
@@ -80,14 +81,16 @@ def run(cfg: DictConfig, console: Console) -> int:
                           "records): it starts again from scratch, so that one engine process measures it all")
         elif done:
             console.print(f"already measured: all {len(done)} replicates")
-        environment = engine.environment()
-        measure = partial(_measure, engine, spec, price, run_id=out.name, environment=environment,
-                          context={"comparison": comparison, "schedule": cfg.compare.schedule},
+        slot = WarmSlot(engine, spec, price, run_id=out.name, environment=engine.environment(), **warm)
+        measure = partial(_measure, slot, context={"comparison": comparison, "schedule": cfg.compare.schedule},
                           warmup=cfg.compare.warmup_replicate)
         progress = Progress(console, len(order) - len(done))
-        records = run_schedule(
-            measure, arms, order, write=log.append, done=done,
-            progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
+        try:
+            records = run_schedule(
+                measure, arms, order, write=log.append, done=done,
+                progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
+        finally:
+            slot.close()
         analysis = analyse(records, thresholds, token_tolerance=cfg.compare.token_tolerance, labels=labels,
                            cost=basis)
         for line in lines(analysis, thresholds, price):
@@ -111,6 +114,5 @@ def fresh_or_complete(records: list[dict], arms: dict, order: list[str], extra: 
         attempt += 1
 
 
-def _measure(engine, spec, price, flags, arm, position, *, run_id, environment, context, warmup):
-    return measure_replicate(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
-                             environment=environment, context={**context, "warmup": warmup and position == 0})
+def _measure(slot, flags, arm, position, *, context, warmup):
+    return slot.measure(flags, arm, position, {**context, "warmup": warmup and position == 0})

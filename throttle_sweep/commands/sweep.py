@@ -21,7 +21,6 @@ from rich.console import Console
 from throttle_sweep.commands.compare import cost_basis_from, thresholds_from
 from throttle_sweep.commands.export import export_winner
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
 from throttle_sweep.pool import LocalPool
 from throttle_sweep.progress import Progress
 from throttle_sweep.records import RecordLog
@@ -38,8 +37,10 @@ from throttle_sweep.settings import (
     plain,
     preflight,
     price_from,
+    warm_engines_from,
     workload_from,
 )
+from throttle_sweep.slot import WarmSlot
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 
@@ -118,6 +119,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         raise ConfigError("a sweep needs a search space: add +space=batching (or memory, scheduler, or your own)")
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
     settings = settings_from(cfg)
+    warm_engines_from(cfg)  # checked before anything starts
     name, out, storage = study_location(cfg)
     source = f"space '{space_name()}' ({space_file(space_name())})"
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
@@ -312,11 +314,12 @@ def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: st
         from throttle_sweep.cluster import make_ray_pool
 
         return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say)
-    environment = engine.environment()
+    slot = WarmSlot(engine, spec, price, run_id=run_id, environment=engine.environment(), **warm_engines_from(cfg))
+    slot.warm_up()
+    pool = LocalPool(slot.measure)
 
-    def measure(flags, arm, position, context):
-        return measure_replicate(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
-                                 environment=environment, context=context)
+    def close() -> None:
+        pool.close()
+        slot.close()
 
-    pool = LocalPool(measure)
-    return pool, pool.close
+    return pool, close

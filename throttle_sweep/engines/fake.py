@@ -52,7 +52,7 @@ class FakeKnobs:
     kv_bytes_per_token: int = 1024
     start_s: float = 1.5
     noise_sd: float = 0.0  # sd of log step time, drawn once per session (replicate)
-    drift_per_start: float = 0.0  # relative slow-down added by every engine start (machine drift)
+    drift_per_start: float = 0.0  # relative slow-down added by every replicate a slot runs (machine drift)
     crash_after_steps: int | None = None  # the engine dies mid-run
     fail_start_when: dict[str, int] = field(default_factory=dict)  # flag -> start fails above this value
     # flag -> the whole process dies (os._exit) a few steps into a run above this value: a segfault stand-in,
@@ -75,8 +75,7 @@ class FakeSession:
         kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
         self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
         self.kv_blocks, self.kv_block_size = self.total_blocks, self.block_size
-        rng = random.Random(knobs.seed * 1_000_003 + start_index)
-        self.speed = (1.0 + knobs.drift_per_start * start_index) * math.exp(rng.gauss(0.0, knobs.noise_sd))
+        self.begin_replicate(start_index)
         self.start_seconds = knobs.start_s
         self.clock = 0.0
         self.steps = 0
@@ -85,6 +84,12 @@ class FakeSession:
         self.running: list[dict] = []
         self.dies = any((flags.get(name) or 0) > limit for name, limit in knobs.exit_when.items())
         self.hangs = any((flags.get(name) or 0) > limit for name, limit in knobs.hang_when.items())
+
+    def begin_replicate(self, index: int) -> None:
+        """Noise is drawn once per replicate and drift grows with the slot's replicate index: on a warm engine
+        the slot passes its own count, so the machine drifts the same whether engines restart or not."""
+        rng = random.Random(self.knobs.seed * 1_000_003 + index)
+        self.speed = (1.0 + self.knobs.drift_per_start * index) * math.exp(rng.gauss(0.0, self.knobs.noise_sd))
 
     def add(self, request: Request) -> None:
         self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,

@@ -57,7 +57,7 @@ class SweepSettings:
     cost_basis: str = "steady"  # which cost per token is judged (analysis.COST_BASES)
     schedule: str = "abba"
     replicates: int = 4
-    warmup_replicate: bool = True  # one unmeasured run first in every comparison
+    warmup_replicate: bool = False  # one unmeasured run first in every comparison (warm engines warm themselves)
     schedule_seed: int = 0
     confirm_top: int = 2
     confirm_replicates: int = 4
@@ -259,7 +259,8 @@ def feasible(trial: optuna.trial.FrozenTrial) -> bool:
 
 
 def engine_seconds(records: Sequence[Mapping[str, Any]]) -> float:
-    return sum((r.get("wall_s") or 0) + (r.get("engine_start_s") or 0) for r in records)
+    return sum((r.get("wall_s") or 0) + (r.get("engine_start_s") or 0) + (r.get("engine_warmup_s") or 0)
+               for r in records)
 
 
 class Sweep:

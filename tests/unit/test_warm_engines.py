@@ -1,0 +1,145 @@
+"""Warm engines (slot.py, engines/host.py) on the fake engine: each engine lives in its own process and stays
+up across its flags' replicates; the restart policy ends lifetimes when asked; an engine process that dies
+fails its replicate and is replaced; no engine process outlives the driver, however the driver ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import compose_cfg
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.slot import WarmSlot
+from throttle_sweep.workload import WorkloadSpec
+
+SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
+B, C = {"max_num_seqs": 1}, {"max_num_seqs": 4}
+
+
+def slot(knobs: FakeKnobs | None = None, **policy) -> WarmSlot:
+    return WarmSlot(FakeEngine(knobs or FakeKnobs()), SPEC, Price(), run_id="t", environment={}, **policy)
+
+
+def lifetimes(records):
+    return [(r["arm"], r["engine_lifetime"]["id"], r["engine_lifetime"]["replicate"]) for r in records]
+
+
+def run(s: WarmSlot, order: str) -> list[dict]:
+    try:
+        return [s.measure(B if a == "B" else C, "baseline" if a == "B" else "candidate", i, {})
+                for i, a in enumerate(order)]
+    finally:
+        s.close()
+
+
+def test_each_arm_keeps_one_engine_alive_across_its_replicates():
+    records = run(slot(), "BCCBCBBC")
+    assert all(r["status"] == "ok" for r in records)
+    ids = {arm: {life for a, life, _ in lifetimes(records) if a == arm} for arm in ("baseline", "candidate")}
+    assert len(ids["baseline"]) == 1 and len(ids["candidate"]) == 1 and ids["baseline"] != ids["candidate"]
+    assert [r["engine_lifetime"]["replicate"] for r in records if r["arm"] == "candidate"] == [0, 1, 2, 3]
+    pids = {r["engine_lifetime"]["pid"] for r in records}
+    assert len(pids) == 2 and os.getpid() not in pids  # two engine processes, neither of them this one
+    started = [r for r in records if r["engine_start_s"] > 0]
+    assert [r["position"] for r in started] == [0, 1] and all(r["engine_warmup_s"] > 0 for r in started)
+    assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in pids)
+
+
+@pytest.mark.parametrize(("policy", "per_arm"), [({"restart": "per_replicate"}, 4),
+                                                   ({"restart": "every_k", "restart_every": 2}, 2)])
+def test_the_restart_policy_ends_lifetimes(policy, per_arm):
+    records = run(slot(**policy), "BCCBCBBC")
+    by_arm = Counter(a for a, _, _ in set(lifetimes(records)) if _ == 0)
+    assert by_arm == {"baseline": per_arm, "candidate": per_arm}
+    assert sum(1 for r in records if r["engine_start_s"] > 0) == 2 * per_arm
+
+
+def test_the_baseline_engine_stays_warm_while_candidates_come_and_go():
+    s = slot()
+    try:
+        flags = [B, {"max_num_seqs": 2}, B, {"max_num_seqs": 3}, B, {"max_num_seqs": 2}, B]
+        records = [s.measure(f, "x", i, {}) for i, f in enumerate(flags)]
+    finally:
+        s.close()
+    base = {r["engine_lifetime"]["id"] for r in records if r["flags"] == B}
+    assert len(base) == 1  # the least recently used engine makes way, never the baseline's
+    assert len({r["engine_lifetime"]["id"] for r in records}) == 4  # 2, 3, then 2 again: new lifetimes
+
+
+def test_drift_follows_the_slot_not_the_engine():
+    """The fake's machine drift grows with the slot's replicate count, restarts or not: warm engines must not
+    make a drifting machine look steady."""
+    knobs = FakeKnobs(drift_per_start=0.05)
+    warm, cold = run(slot(knobs), "BBBB"), run(slot(knobs, restart="per_replicate"), "BBBB")
+    for records in (warm, cold):
+        walls = [r["wall_s"] for r in records]
+        assert walls == sorted(walls) and walls[-1] / walls[0] == pytest.approx(1.15, rel=0.01)
+
+
+def test_an_engine_process_that_dies_fails_its_replicate_and_is_replaced():
+    s = slot(FakeKnobs(exit_when={"max_num_seqs": 3}))
+    try:
+        records = [s.measure(f, "x", i, {}) for i, f in enumerate([B, {"max_num_seqs": 4}, B, {"max_num_seqs": 2}])]
+    finally:
+        s.close()
+    assert [r["status"] for r in records] == ["ok", "failed", "ok", "ok"]
+    assert "engine process" in records[1]["reason"] and "exit code 70" in records[1]["reason"]
+    assert records[2]["engine_lifetime"]["id"] == records[0]["engine_lifetime"]["id"]  # the baseline lived on
+
+
+def test_an_unknown_restart_policy_is_refused_before_anything_starts(tmp_path):
+    from throttle_sweep.commands import compare
+
+    cfg = compose_cfg("mode=compare", "backend=fake", "compare.restart=sometimes", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match="compare.restart must be one of never, per_replicate, every_k"):
+        compare.run(cfg, console=None)
+    cfg = compose_cfg("mode=compare", "backend=fake", "compare.restart=every_k", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match="restart_every"):
+        compare.run(cfg, console=None)
+    assert not list(tmp_path.iterdir())
+
+
+def engine_children(pid: int) -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if "multiprocessing" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "throttle_sweep", "mode=compare", "backend=fake", "fake.realtime=true",
+         "fake.start_s=0.1", "workload.num_requests=64", "compare.replicates=8", f"results_dir={tmp_path}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background shell ignores SIGINT
+    try:
+        deadline = time.monotonic() + 120
+        while len(engines := engine_children(driver.pid)) < 2 or not list(tmp_path.glob("*/replicates.jsonl")):
+            assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read()
+            time.sleep(0.2)
+        pids = [p.pid for p in engines]
+        driver.send_signal(sig)
+        driver.wait(60)
+        deadline = time.monotonic() + 10
+        while (left := [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"engine processes {left} outlived a driver ended by {sig.name}"
+        records = [json.loads(line) for path in tmp_path.glob("*/replicates.jsonl") for line in path.open()]
+        assert records and all(r["status"] == "ok" for r in records)  # what was measured is kept
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
