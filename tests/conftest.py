@@ -18,7 +18,8 @@ def _ray_and_engine_processes() -> set[tuple[int, float]]:
     found = set()
     for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if cmd.startswith("ray::") or any(k in cmd for k in ("raylet", "gcs_server", "ray/dashboard", "ray/_private")):
+        if cmd.startswith("ray::") or any(k in cmd for k in ("raylet", "gcs_server", "ray/dashboard", "ray/_private",
+                                                             "multiprocessing.spawn import spawn_main")):
             found.add((p.info["pid"], p.info["create_time"]))
     return found
 

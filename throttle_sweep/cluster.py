@@ -33,8 +33,9 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeKnobs, make_engine
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
-from throttle_sweep.measure import failed_record, measure_replicate, record_header
+from throttle_sweep.measure import failed_record, record_header
 from throttle_sweep.pool import Job
+from throttle_sweep.slot import WarmSlot
 from throttle_sweep.workload import WorkloadSpec
 
 LEFTOVERS = "ray-local.json"
@@ -96,13 +97,15 @@ def hostable_slots(nodes: list[dict[str, Any]], shape: SlotShape) -> int:
 
 
 class SlotActor:
-    """Lives in a Ray worker process: builds the engine there and measures one replicate at a time."""
+    """Lives in a Ray worker process and owns the slot's warm engines (slot.py), each in a child process on
+    the same node and GPU: an engine that crashes fails its replicate, and the actor replaces it."""
 
     def __init__(self, backend: str, knobs: dict[str, Any] | None, spec: WorkloadSpec, price: Price,
-                 run_id: str, slot: int) -> None:
-        self.engine = make_engine(backend, fake_knobs=FakeKnobs(**knobs) if knobs is not None else None)
-        self.spec, self.price, self.run_id, self.slot = spec, price, run_id, slot
-        self.environment: dict[str, Any] | None = None  # read once, at the first replicate
+                 run_id: str, slot: int, warm: dict[str, Any]) -> None:
+        engine = make_engine(backend, fake_knobs=FakeKnobs(**knobs) if knobs is not None else None)
+        self.slot = slot
+        self.engines = WarmSlot(engine, spec, price, run_id=run_id, name=f"ray-{slot}", **warm)
+        self.engines.warm_up()  # the engine processes import vLLM while the other slots are placed
 
     def where(self) -> dict[str, Any]:
         import socket
@@ -117,11 +120,7 @@ class SlotActor:
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
                 ) -> dict[str, Any]:
         where = self.where()
-        if self.environment is None:
-            self.environment = self.engine.environment()
-        return measure_replicate(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
-                                 position=position, environment=self.environment,
-                                 context={**context, "slot": where["slot"], "placement": where})
+        return self.engines.measure(flags, arm, position, {**context, "slot": where["slot"], "placement": where})
 
 
 @dataclass
@@ -214,7 +213,7 @@ class RayPool:
             else:
                 self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
                 key = flags_key(pending.job.flags)
-                took = (record.get("engine_start_s") or 0) + (record.get("wall_s") or 0)
+                took = sum(record.get(k) or 0 for k in ("engine_start_s", "engine_warmup_s", "wall_s"))
                 self.took[key] = max(self.took.get(key, 0.0), took)
             done.append((pending.job, record))
         return done
@@ -487,7 +486,7 @@ def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price
                   say: Callable[[str], None]) -> tuple[RayPool, Callable[[], None]]:
     import ray
 
-    from throttle_sweep.settings import plain
+    from throttle_sweep.settings import plain, warm_engines_from
 
     ray_conf = plain(cfg.ray)
     stop = connect(ray_conf, out, say)
@@ -496,13 +495,14 @@ def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price
         shape = slot_shape(ray_conf, ray.cluster_resources(), tensor_parallel)
         knobs = plain(cfg.fake) if cfg.backend == "fake" else None
         remote = ray.remote(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, max_restarts=0)(SlotActor)
+        warm = warm_engines_from(cfg)
         environment = engine.environment()
 
         def header(job: Job) -> dict[str, Any]:
             return record_header(engine, job.flags, spec, price, run_id=run_id, arm=job.arm, position=job.position,
                                  environment=environment, context=job.context)
 
-        pool = RayPool(make_actor=lambda slot: remote.remote(cfg.backend, knobs, spec, price, run_id, slot),
+        pool = RayPool(make_actor=lambda slot: remote.remote(cfg.backend, knobs, spec, price, run_id, slot, warm),
                        shape=shape, header=header, say=say, start_timeout_s=ray_conf["start_timeout_s"],
                        job_timeout_s=ray_conf["job_timeout_s"], job_timeout_factor=ray_conf["job_timeout_factor"])
     except BaseException:

@@ -21,7 +21,7 @@ from throttle_sweep.records import SCHEMA_VERSION
 from throttle_sweep.workload import DriveResult, WorkloadSpec, drive, make_requests
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
@@ -114,14 +114,14 @@ def record_header(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, 
         "workload": asdict(spec),
         "environment": dict(environment or engine.environment()),
         "node": socket.gethostname(),
-        "started_at": _now_iso(),
+        "started_at": now_iso(),
         **dict(context or {}),
     }
 
 
 def failed_record(header: dict[str, Any], reason: str, **extra: Any) -> dict[str, Any]:
     """A replicate that produced no measurement (the slot lost it); kept so nothing disappears silently."""
-    return {**header, "status": "failed", "reason": reason, "ended_at": _now_iso(), **extra}
+    return {**header, "status": "failed", "reason": reason, "ended_at": now_iso(), **extra}
 
 
 def measure_replicate(
@@ -156,18 +156,20 @@ def measure_replicate(
                 session.close()
             except Exception as exc:  # noqa: BLE001 - a failed shutdown is worth a note, not a crash
                 record["shutdown_error"] = f"{type(exc).__name__}: {exc}"
-    record["ended_at"] = _now_iso()
+    record["ended_at"] = now_iso()
     return record
 
 
 def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price,
-               record: dict[str, Any]) -> dict[str, Any]:
-    """One replicate on a running engine: warm-up requests, the fixed work, the engine's own counters. Fills
-    `record` (status 'ok', or 'failed' with the reason) and returns it; never raises for the engine's faults."""
+               record: dict[str, Any], *, cold: bool = True) -> dict[str, Any]:
+    """One replicate on a running engine: warm-up requests (on a `cold` engine, one that has not run this
+    workload yet), the fixed work, the engine's own counters. Fills `record` (status 'ok', or 'failed' with
+    the reason) and returns it; never raises for the engine's faults."""
     record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
                           "block_size": getattr(session, "kv_block_size", None)}
     try:
-        warmup = make_requests(spec, warmup=True)
+        warmup = make_requests(spec, warmup=True) if cold else []
+        record["warmup_requests"] = len(warmup)
         if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
         before = session.preemptions()

@@ -41,11 +41,11 @@ def warm_engines_from(cfg: DictConfig) -> dict[str, Any]:
     from throttle_sweep.slot import check_restart
 
     c = cfg.compare
-    check_restart(c.restart, c.restart_every)
+    check_restart(c.restart, c.restart_every, c.engine_warmup)
     if not isinstance(c.engines_per_slot, int) or c.engines_per_slot < 1:
         raise ConfigError(f"compare.engines_per_slot must be an integer >= 1, but got {c.engines_per_slot!r}")
     return {"restart": c.restart, "restart_every": c.restart_every, "engines": c.engines_per_slot,
-            "lifetime_warmup": bool(c.lifetime_warmup)}
+            "engine_warmup": c.engine_warmup}
 
 
 def arm_flags(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -4,8 +4,11 @@ every replicate. The baseline's engine stays up across comparisons; the least re
 way for new flags.
 
 The restart policy (`compare.restart`) says when an engine lifetime ends even though the flags are the same:
-`never`, `per_replicate` (a fresh engine every time, as before warm engines), or `every_k` (after
-`compare.restart_every` replicates), so the variance between lifetimes can be sampled when it matters."""
+`never`, `per_replicate` (a new engine for every replicate, started in a process that stays up, so vLLM is
+imported once), or `every_k` (after `compare.restart_every` replicates). Engine instances differ in speed
+(benchmarks/warm_engines.py measured it on the real engine), so with `never` a comparison's two arms differ
+by their engines as well as by their flags; `per_replicate` makes that difference part of the noise the
+interval sees."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any
 from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Engine
 from throttle_sweep.engines.flags import flags_key
-from throttle_sweep.engines.host import EngineHost, EngineProcessDied, Task
+from throttle_sweep.engines.host import ENGINE_WARMUPS, EngineHost, EngineProcessDied, Task
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import failed_record, record_header
 from throttle_sweep.workload import WorkloadSpec
@@ -23,9 +26,11 @@ from throttle_sweep.workload import WorkloadSpec
 RESTART_POLICIES = ("never", "per_replicate", "every_k")
 
 
-def check_restart(policy: str, every: int | None) -> None:
+def check_restart(policy: str, every: int | None, warmup: str = "first") -> None:
     if policy not in RESTART_POLICIES:
         raise ConfigError(f"compare.restart must be one of {', '.join(RESTART_POLICIES)}, but got {policy!r}")
+    if warmup not in ENGINE_WARMUPS:
+        raise ConfigError(f"compare.engine_warmup must be one of {', '.join(ENGINE_WARMUPS)}, but got {warmup!r}")
     if policy == "every_k" and (not isinstance(every, int) or every < 1):
         raise ConfigError(f"compare.restart=every_k needs compare.restart_every >= 1, but got {every!r}")
 
@@ -35,46 +40,81 @@ class WarmSlot:
     expect; `close` ends every engine process."""
 
     def __init__(self, engine: Engine, spec: WorkloadSpec, price: Price, *, run_id: str,
-                 environment: Mapping[str, Any] | None = None, restart: str = "never", restart_every: int | None = None,
-                 engines: int = 2, lifetime_warmup: bool = True, name: str = "local-0") -> None:
-        check_restart(restart, restart_every)
+                 environment: Mapping[str, Any] | None = None, restart: str = "per_replicate",
+                 restart_every: int | None = None,
+                 engines: int = 2, engine_warmup: str = "first", name: str = "local-0") -> None:
+        check_restart(restart, restart_every, engine_warmup)
         if engines < 1:
             raise ConfigError(f"compare.engines_per_slot must be >= 1, but got {engines}")
         self.engine, self.spec, self.price, self.run_id = engine, spec, price, run_id
         self.environment = dict(environment) if environment is not None else None
         self.restart, self.restart_every, self.engines = restart, restart_every, engines
-        self.lifetime_warmup, self.name = lifetime_warmup, name
+        self.engine_warmup, self.name = engine_warmup, name
         self.hosts: list[EngineHost] = []
         self.runs = 0  # replicates handed out by this slot: the machine's drift clock on the fake engine
         self.started = 0
 
     def warm_up(self) -> None:
-        """Start the engine processes now (they import vLLM while the driver does other work)."""
-        while len(self.hosts) < self.engines:
+        """Start the engine processes now (they import vLLM while the driver does other work). With a new
+        engine for every replicate, one process serves both arms."""
+        while len(self.hosts) < (1 if self.restart == "per_replicate" else self.engines):
             self.hosts.append(self._new_host())
 
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
                 ) -> dict[str, Any]:
+        host = self._host_for(arm, flags)
+        try:
+            host.wait_ready()
+        except EngineProcessDied as exc:
+            header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
+                                   position=position, environment=self.environment or {}, context=context)
+            return self._lost(host, header, exc)
+        if self.environment is None:  # read where the engine runs (a Ray actor need not import vLLM itself)
+            self.environment = host.environment
         header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
-                               position=position, environment=self._environment(), context=context)
-        host = self._host_for(flags)
-        fresh = self.restart == "per_replicate" or (self.restart == "every_k" and host.runs >= self.restart_every)
-        task = Task(flags, header, fresh, self.runs, self.lifetime_warmup)
+                               position=position, environment=self.environment, context=context)
+        if self.sleeps:  # the engine starts with sleep mode on; the record keeps the arm's flags
+            header["engine_flags"] = self.engine.engine_flags({**flags, "enable_sleep_mode": True})
+            for other in [h for h in self.hosts if h is not host and h.awake]:
+                try:
+                    other.sleep()  # its engine makes room on the GPU; it wakes for its next replicate
+                except EngineProcessDied:
+                    self.hosts.remove(other)
+                    other.close(grace_s=1.0)
+        same = host.key == f"{arm}:{flags_key(flags)}"
+        fresh = self.restart == "every_k" and same and host.runs >= self.restart_every
+        runs = (host.runs if same and not fresh else 0) + 1  # on this engine, with this replicate
+        # an engine that will not be used again is shut down at once: it holds no memory while idle
+        keep = self.restart == "never" or (self.restart == "every_k" and runs < self.restart_every)
+        # a probe is one run that only counts preemptions (deterministic): it needs no warm engine, and it
+        # warms the engine for a comparison that may follow on the same flags
+        warmup = self.engine_warmup if context.get("stage") != "probe" else "none"
+        task = Task(flags, header, fresh, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps)
         self.runs += 1
         try:
             return host.measure(task)
         except EngineProcessDied as exc:
-            self.hosts.remove(host)
-            host.close(grace_s=1.0)
-            return failed_record(header, str(exc), stage="run", engine_process=host.pid)
+            return self._lost(host, header, exc)
 
-    def _host_for(self, flags: Mapping[str, Any]) -> EngineHost:
-        """The process whose live engine has these flags; else an idle process, a new one while there is
-        room, or the least recently used one (its engine makes way)."""
+    def _lost(self, host: EngineHost, header: dict[str, Any], exc: EngineProcessDied) -> dict[str, Any]:
+        """The engine's process died: the replicate fails, and the next one gets a new process."""
+        self.hosts.remove(host)
+        host.close(grace_s=1.0)
+        return failed_record(header, str(exc), stage="run", engine_process=host.pid)
+
+    @property
+    def sleeps(self) -> bool:
+        """On a GPU two engines cannot both hold the memory: the idle one sleeps (vLLM's sleep mode)."""
+        return self.engines > 1 and (self.environment or {}).get("device") in ("cuda", "fake-gpu")
+
+    def _host_for(self, arm: str, flags: Mapping[str, Any]) -> EngineHost:
+        """The process whose live engine serves this arm with these flags; else an idle process, a new one
+        while there is room, or the least recently used one (its engine makes way). The arm is part of the
+        key, so that the two arms of a comparison always run on two engines, even with the same flags (A/A)."""
         for dead in [h for h in self.hosts if not h.alive]:
             self.hosts.remove(dead)
             dead.close(grace_s=0.1)
-        key = flags_key(flags)
+        key = f"{arm}:{flags_key(flags)}"  # as engines/host.py's lifetime_key
         for host in self.hosts:
             if host.key == key:
                 return host
@@ -89,11 +129,6 @@ class WarmSlot:
     def _new_host(self) -> EngineHost:
         self.started += 1
         return EngineHost(self.engine, self.spec, self.price, name=f"{self.name}.{self.started}")
-
-    def _environment(self) -> dict[str, Any]:
-        if self.environment is None:
-            self.environment = self.engine.environment()
-        return self.environment
 
     def close(self) -> None:
         for host in self.hosts:

@@ -28,6 +28,8 @@ B, C = {"max_num_seqs": 1}, {"max_num_seqs": 4}
 
 
 def slot(knobs: FakeKnobs | None = None, **policy) -> WarmSlot:
+    """A slot that keeps its engines up (restart=never) unless told otherwise."""
+    policy.setdefault("restart", "never")
     return WarmSlot(FakeEngine(knobs or FakeKnobs()), SPEC, Price(), run_id="t", environment={}, **policy)
 
 
@@ -54,6 +56,59 @@ def test_each_arm_keeps_one_engine_alive_across_its_replicates():
     started = [r for r in records if r["engine_start_s"] > 0]
     assert [r["position"] for r in started] == [0, 1] and all(r["engine_warmup_s"] > 0 for r in started)
     assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_the_two_arms_of_an_aa_comparison_run_on_two_engines():
+    s = slot()
+    try:
+        records = [s.measure(B, arm, i, {}) for i, arm in enumerate(["baseline", "candidate"] * 2)]
+    finally:
+        s.close()
+    ids = {arm: {r["engine_lifetime"]["id"] for r in records if r["arm"] == arm} for arm in ("baseline", "candidate")}
+    assert len(ids["baseline"]) == len(ids["candidate"]) == 1 and ids["baseline"] != ids["candidate"]
+
+
+def test_a_warm_engine_skips_the_warm_up_requests_a_cold_one_needs():
+    spec = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8)  # one batch of warm-up requests
+    s = WarmSlot(FakeEngine(FakeKnobs()), spec, Price(), run_id="t", environment={}, engine_warmup="none",
+                 restart="never")
+    try:
+        records = [s.measure(B, "baseline", i, {"stage": "probe" if i == 0 else "search"}) for i in range(3)]
+    finally:
+        s.close()
+    assert [r["warmup_requests"] for r in records] == [8, 0, 0]
+    assert "engine_warmup_s" not in records[0]
+
+
+def test_a_probe_needs_no_warm_engine_and_warms_one_for_the_comparison_after_it():
+    s = slot()
+    try:
+        records = [s.measure(C, "candidate", i, {"stage": stage}) for i, stage in enumerate(["probe", "search"])]
+    finally:
+        s.close()
+    assert "engine_warmup_s" not in records[0] and records[0]["engine_start_s"] > 0
+    assert records[1]["engine_lifetime"]["id"] == records[0]["engine_lifetime"]["id"]
+    assert records[1]["engine_start_s"] == 0 and records[1]["warmup_requests"] == 0
+
+
+def test_on_a_gpu_the_idle_engine_sleeps_so_that_two_fit(tmp_path):
+    """The fake's pretend GPU holds one awake engine: a slot keeping two must put the idle one to sleep and
+    wake it for its next replicate; without sleeping, the second engine cannot even start."""
+    knobs = FakeKnobs(gpu_dir=str(tmp_path))
+    s = slot(knobs)
+    s.environment = None  # read from the engine process: it says it is on a (pretend) GPU
+    records = run(s, "BCCBCBBC")
+    assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
+    assert all(r["engine_flags"]["enable_sleep_mode"] is True and "enable_sleep_mode" not in r["flags"] for r in records)
+    woke = [r["position"] for r in records if "engine_wake_s" in r]
+    assert woke == [3, 4, 5, 7]  # every switch back to an engine that had slept
+    assert len({r["engine_lifetime"]["id"] for r in records}) == 2 and not list(tmp_path.iterdir())
+
+    s = slot(knobs)
+    s.environment = {"device": "fake"}  # a slot that does not know it is on a GPU
+    records = run(s, "BC")
+    assert records[0]["status"] == "ok" and records[1]["status"] == "failed"
+    assert "fake GPU out of memory" in records[1]["reason"]
 
 
 @pytest.mark.parametrize(("policy", "per_arm"), [({"restart": "per_replicate"}, 4),
@@ -87,6 +142,32 @@ def test_drift_follows_the_slot_not_the_engine():
         assert walls == sorted(walls) and walls[-1] / walls[0] == pytest.approx(1.15, rel=0.01)
 
 
+@pytest.mark.parametrize(("policy", "most"), [("never", None), ("per_replicate", 5)])
+def test_aa_false_verdicts_by_restart_policy_when_engines_differ(policy, most):
+    """Each engine instance runs 3% faster or slower than another (sd of log time), on 1% noise: with one
+    engine per arm (restart=never) the interval sees only the 1%, and A/A comparisons claim differences that
+    are the engines'; with a new engine per replicate the engines' spread is part of the noise, and a false
+    verdict either way stays near alpha (5 of 40 would be a 1-in-100 event)."""
+    from throttle_sweep.analysis import analyse
+    from throttle_sweep.schedule import make_schedule
+    from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
+
+    s = slot(FakeKnobs(noise_sd=0.01, lifetime_sd=0.03), restart=policy, engine_warmup="none")
+    false = 0
+    try:
+        for c in range(40):
+            arms = {"baseline": B, "candidate": {**B, "seed": c + 1}}  # the same engine flags, a new candidate engine
+            order = make_schedule("abba", 4, seed=c, lead="baseline" if c % 2 else "candidate")
+            records = [s.measure(arms[arm], arm, i, {}) for i, arm in enumerate(order)]
+            false += analyse(records, Thresholds(), cost="steady").verdict in (CHEAPER, PRICIER)
+    finally:
+        s.close()
+    if most is None:
+        assert false > 10, false  # the engines' differences pass for the flags'
+    else:
+        assert false <= most, false
+
+
 def test_an_engine_process_that_dies_fails_its_replicate_and_is_replaced():
     s = slot(FakeKnobs(exit_when={"max_num_seqs": 3}))
     try:
@@ -94,7 +175,7 @@ def test_an_engine_process_that_dies_fails_its_replicate_and_is_replaced():
     finally:
         s.close()
     assert [r["status"] for r in records] == ["ok", "failed", "ok", "ok"]
-    assert "engine process" in records[1]["reason"] and "exit code 70" in records[1]["reason"]
+    assert "process died mid-replicate" in records[1]["reason"] and "exit code 70" in records[1]["reason"]
     assert records[2]["engine_lifetime"]["id"] == records[0]["engine_lifetime"]["id"]  # the baseline lived on
 
 

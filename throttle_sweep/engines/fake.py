@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from throttle_sweep.engines.base import Request, StepEvent
@@ -53,6 +54,7 @@ class FakeKnobs:
     start_s: float = 1.5
     noise_sd: float = 0.0  # sd of log step time, drawn once per session (replicate)
     drift_per_start: float = 0.0  # relative slow-down added by every replicate a slot runs (machine drift)
+    lifetime_sd: float = 0.0  # sd of log step time drawn once per engine start: an engine instance's own speed
     crash_after_steps: int | None = None  # the engine dies mid-run
     fail_start_when: dict[str, int] = field(default_factory=dict)  # flag -> start fails above this value
     # flag -> the whole process dies (os._exit) a few steps into a run above this value: a segfault stand-in,
@@ -63,6 +65,11 @@ class FakeKnobs:
     hang_when: dict[str, int] = field(default_factory=dict)
     realtime: bool = False
     seed: int = 0
+    # a directory that stands for one GPU's memory: an awake engine holds a file in it, and starting or waking
+    # an engine while another one is awake fails like CUDA running out of memory; the engine then sleeps and
+    # wakes (vLLM's sleep mode, level 1) as a GPU engine must when a slot keeps two of them
+    gpu_dir: str | None = None
+    wake_s: float = 0.3  # what a wake-up costs (reloading the weights)
 
 
 class FakeSession:
@@ -75,6 +82,7 @@ class FakeSession:
         kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
         self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
         self.kv_blocks, self.kv_block_size = self.total_blocks, self.block_size
+        self.lifetime_speed: float | None = None
         self.begin_replicate(start_index)
         self.start_seconds = knobs.start_s
         self.clock = 0.0
@@ -82,6 +90,8 @@ class FakeSession:
         self.preempted = 0
         self.waiting: deque[dict] = deque()
         self.running: list[dict] = []
+        self.asleep = False
+        self._marker = f"{os.getpid()}-{id(self):x}"
         self.dies = any((flags.get(name) or 0) > limit for name, limit in knobs.exit_when.items())
         self.hangs = any((flags.get(name) or 0) > limit for name, limit in knobs.hang_when.items())
 
@@ -89,7 +99,10 @@ class FakeSession:
         """Noise is drawn once per replicate and drift grows with the slot's replicate index: on a warm engine
         the slot passes its own count, so the machine drifts the same whether engines restart or not."""
         rng = random.Random(self.knobs.seed * 1_000_003 + index)
-        self.speed = (1.0 + self.knobs.drift_per_start * index) * math.exp(rng.gauss(0.0, self.knobs.noise_sd))
+        if self.lifetime_speed is None:  # drawn at the engine's first replicate (the slot's count: unique)
+            self.lifetime_speed = math.exp(random.Random(f"{self.knobs.seed}/{index}").gauss(0.0, self.knobs.lifetime_sd))
+        self.speed = ((1.0 + self.knobs.drift_per_start * index) * math.exp(rng.gauss(0.0, self.knobs.noise_sd))
+                      * self.lifetime_speed)
 
     def add(self, request: Request) -> None:
         self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,
@@ -102,6 +115,8 @@ class FakeSession:
         return self.total_blocks - sum(seq["blocks"] for seq in self.running)
 
     def step(self) -> list[StepEvent]:
+        if self.asleep:
+            raise EngineRunError("fake engine stepped while asleep")
         if self.knobs.crash_after_steps is not None and self.steps >= self.knobs.crash_after_steps:
             raise EngineRunError(f"fake engine crashed after {self.steps} steps (crash_after_steps)")
         self.steps += 1
@@ -194,6 +209,31 @@ class FakeSession:
     def close(self) -> None:
         self.running.clear()
         self.waiting.clear()
+        self._release()
+
+    # ---- sleep mode, on a pretend GPU (knobs.gpu_dir) ----
+    def claim(self) -> None:
+        """Take the pretend GPU's memory, or fail as vLLM does when another engine holds it."""
+        if self.knobs.gpu_dir is None:
+            return
+        gpu = Path(self.knobs.gpu_dir)
+        holders = [p.name for p in gpu.iterdir() if p.name != self._marker]
+        if holders:
+            raise EngineStartError(f"fake GPU out of memory: engine {holders[0]} is awake on it")
+        (gpu / self._marker).touch()
+
+    def _release(self) -> None:
+        if self.knobs.gpu_dir is not None:
+            (Path(self.knobs.gpu_dir) / self._marker).unlink(missing_ok=True)
+
+    def sleep(self) -> None:
+        self.asleep = True
+        self._release()
+
+    def wake(self) -> None:
+        self.claim()
+        self.asleep = False
+        self.clock += self.knobs.wake_s
 
 
 class FakeEngine:
@@ -220,8 +260,11 @@ class FakeEngine:
                 raise EngineStartError(f"fake engine refuses {name}={flags.get(name)} (> {limit})")
         if self.knobs.realtime:
             time.sleep(self.knobs.start_s)
-        return FakeSession(self.engine_flags(flags), self.knobs, index)
+        session = FakeSession(self.engine_flags(flags), self.knobs, index)
+        session.claim()
+        return session
 
     def environment(self) -> dict[str, Any]:
-        return {"engine": self.name, "vllm_version": None, "device": "fake", "device_name": "fake",
+        return {"engine": self.name, "vllm_version": None, "device": "fake-gpu" if self.knobs.gpu_dir else "fake",
+                "device_name": "fake",
                 "host": platform.node(), "cpu_count": os.cpu_count()}

@@ -24,9 +24,12 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Engine, EngineSession
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import EngineStartError
+from throttle_sweep.measure import measure_on, now_iso
 from throttle_sweep.workload import WorkloadSpec
 
 PARENT_POLL_S = 0.2  # how soon an orphaned engine process notices and ends itself
+ENGINE_WARMUPS = ("first", "every", "none")
+ENGINES_STARTED = 0  # in an engine process: how many engines it has started
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,17 @@ class Task:
     record: dict[str, Any]  # the record's header, filled in by the child
     fresh: bool  # start a new lifetime even if the flags are the same
     run_index: int  # the slot's replicate count (the fake engine's drift follows it)
-    lifetime_warmup: bool  # a new lifetime runs the workload once, unmeasured, before the first replicate
+    warmup: str  # a new engine runs the workload once, unmeasured: first (the process's first engine) | every | none
+    arm: str = ""  # part of the lifetime's key: the two arms of a comparison never share an engine
+    keep: bool = True  # keep the engine up after the replicate (False: a new engine for every replicate)
+    sleep_mode: bool = False  # start the engine able to sleep (a GPU slot keeping two engines)
+
+
+SLEEP = "sleep"  # the parent asks the process to put its engine to sleep (a GPU engine making room for another)
+
+
+def lifetime_key(task: Task) -> str:
+    return f"{task.arm}:{flags_key(task.flags)}"
 
 
 class EngineProcessDied(Exception):
@@ -59,7 +72,9 @@ class EngineHost:
         self.key: str | None = None  # the flags of the live engine, if any
         self.runs = 0  # replicates on the live engine
         self.used_at = 0.0
+        self.awake = False  # its engine holds device memory
         self._ready = False
+        self.environment: dict[str, Any] = {}  # the engine's machine, as the process sees it (once ready)
 
     @property
     def alive(self) -> bool:
@@ -71,7 +86,7 @@ class EngineHost:
             return
         if not self._conn.poll(timeout):
             raise EngineProcessDied(f"engine process {self.name} was not ready within {timeout:g}s")
-        self._receive()
+        self.environment = self._receive("while it imported the engine's code")
         self._ready = True
 
     def measure(self, task: Task) -> dict[str, Any]:
@@ -81,24 +96,35 @@ class EngineHost:
         try:
             self._conn.send(task)
         except (BrokenPipeError, OSError) as exc:
-            raise EngineProcessDied(self._death(f"{type(exc).__name__}")) from exc
+            raise EngineProcessDied(self._death("before this replicate reached it")) from exc
         record = self._receive()
         if record.get("engine_lifetime", {}).get("live"):
-            self.key, self.runs = flags_key(task.flags), record["engine_lifetime"]["replicate"] + 1
+            self.key, self.runs = lifetime_key(task), record["engine_lifetime"]["replicate"] + 1
         else:  # the lifetime ended with this replicate (a failure): the next one starts a new engine
             self.key, self.runs = None, 0
+        self.awake = self.key is not None
         return record
 
-    def _receive(self) -> Any:
+    def sleep(self) -> float:
+        """Put the live engine to sleep; returns the seconds it took. Raises EngineProcessDied."""
+        try:
+            self._conn.send(SLEEP)
+        except (BrokenPipeError, OSError) as exc:
+            raise EngineProcessDied(self._death("while idle")) from exc
+        seconds = self._receive("while it put its engine to sleep")
+        self.awake = False
+        return seconds
+
+    def _receive(self, when: str = "mid-replicate") -> Any:
         try:
             kind, payload = self._conn.recv()
         except (EOFError, OSError) as exc:
-            raise EngineProcessDied(self._death("no answer")) from exc
+            raise EngineProcessDied(self._death(when)) from exc
         if kind == "error":
             raise EngineProcessDied(f"engine process {self.name} could not start: {payload}")
         return payload
 
-    def _death(self, what: str) -> str:
+    def _death(self, when: str) -> str:
         self.process.join(5)
         code = self.process.exitcode
         if code is not None and code < 0:
@@ -106,7 +132,7 @@ class EngineHost:
         else:
             how = f"exit code {code}" if code is not None else "still running but not answering"
         self.key = None
-        return f"the engine process (pid {self.pid}) died ({how}; {what})"
+        return f"the engine's process died {when} (pid {self.pid}, {how})"
 
     def close(self, grace_s: float = 5.0) -> None:
         """Shut the engine down and end the process: politely, then SIGTERM, then SIGKILL."""
@@ -133,6 +159,8 @@ class Lifetime:
     start_s: float
     warmup_s: float = 0.0
     runs: int = 0
+    warm: bool = False  # it has run the workload (a warm-up run or a replicate)
+    asleep: bool = False
 
 
 def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pid: int) -> None:
@@ -145,7 +173,12 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
     except Exception as exc:  # noqa: BLE001 - said to the parent, which fails the replicate
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", os.getpid()))
+    try:
+        environment = engine.environment()
+    except Exception as exc:  # noqa: BLE001 - said to the parent, which fails the replicate
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", environment))
     life: Lifetime | None = None
     try:
         while True:
@@ -155,6 +188,9 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
                 break
             if task is None:
                 break
+            if task == SLEEP:
+                conn.send(("slept", put_to_sleep(life)))
+                continue
             life = run_task(engine, spec, price, task, life)
             conn.send(("record", task.record))
     finally:
@@ -166,47 +202,71 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
 def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life: Lifetime | None
              ) -> Lifetime | None:
     """Measure `task` on the live engine, or on a new one; return the lifetime that goes on (None: ended)."""
-    from throttle_sweep.measure import _now_iso, measure_on
-
-    record, key = task.record, flags_key(task.flags)
+    record, key = task.record, lifetime_key(task)
     if life is not None and (task.fresh or life.key != key):
         close_quietly(life, record)
         life = None
     if life is None:
         try:
-            session = engine.start(task.flags)
+            session = engine.start({**task.flags, "enable_sleep_mode": True} if task.sleep_mode else task.flags)
         except EngineStartError as exc:
-            record.update(status="failed", reason=str(exc), stage="start", ended_at=_now_iso())
+            record.update(status="failed", reason=str(exc), stage="start", ended_at=now_iso())
             return None
         except Exception as exc:  # noqa: BLE001 - an engine bug fails the replicate, not the process
-            record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", stage="start", ended_at=_now_iso())
+            record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", stage="start", ended_at=now_iso())
             return None
         life = Lifetime(session, key, uuid.uuid4().hex[:12], session.start_seconds)
         record["engine_start_s"] = session.start_seconds
-        if task.lifetime_warmup:  # the first replicate of an engine runs slow: run it, and keep nothing
+        global ENGINES_STARTED
+        ENGINES_STARTED += 1
+        if task.warmup == "every" or (task.warmup == "first" and ENGINES_STARTED == 1):
+            # a process's first run is slow (lazy imports, allocator, caches): run it, and keep nothing
             began = session.now()  # the engine's clock (virtual on the fake engine)
             session.begin_replicate(task.run_index)
             warm = measure_on(session, task.flags, spec, price, {})
             life.warmup_s = session.now() - began
             record["engine_warmup_s"] = life.warmup_s
+            life.warm = True
             if warm["status"] != "ok":
                 record.update(status="failed", reason=f"the engine's warm-up run failed: {warm['reason']}",
-                              stage=warm.get("stage", "run"), ended_at=_now_iso())
+                              stage=warm.get("stage", "run"), ended_at=now_iso())
                 close_quietly(life, record)
                 return None
     else:
         record["engine_start_s"] = 0.0  # started for an earlier replicate
+        if life.asleep:  # it slept while another engine used the GPU
+            began = life.session.now()
+            try:
+                life.session.wake()
+            except Exception as exc:  # noqa: BLE001 - a failed wake-up fails the replicate and ends the engine
+                record.update(status="failed", reason=f"the engine did not wake: {type(exc).__name__}: {exc}",
+                              stage="start", ended_at=now_iso())
+                close_quietly(life, record)
+                return None
+            life.asleep = False
+            record["engine_wake_s"] = life.session.now() - began
     life.session.begin_replicate(task.run_index)
-    measure_on(life.session, task.flags, spec, price, record)
-    live = record["status"] == "ok"
+    # an engine that has run this workload already is warm for every batch size it will see
+    measure_on(life.session, task.flags, spec, price, record, cold=not life.warm)
+    life.warm = True
+    live = record["status"] == "ok" and task.keep
     record["engine_lifetime"] = {"id": life.id, "replicate": life.runs, "pid": os.getpid(), "start_s": life.start_s,
                                  "warmup_s": life.warmup_s, "live": live}
-    record["ended_at"] = _now_iso()
+    record["ended_at"] = now_iso()
     life.runs += 1
-    if not live:  # the engine's state after a failed replicate is unknown: the next one starts afresh
+    if not live:  # not kept, or failed (its state is then unknown): the next replicate starts a new engine
         close_quietly(life, record)
         return None
     return life
+
+
+def put_to_sleep(life: Lifetime | None) -> float:
+    if life is None or life.asleep:
+        return 0.0
+    began = time.perf_counter()
+    life.session.sleep()
+    life.asleep = True
+    return time.perf_counter() - began
 
 
 def close_quietly(life: Lifetime, record: dict[str, Any]) -> None:

@@ -105,6 +105,13 @@ class VllmSession:
     def preemptions(self) -> int:
         return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"))
 
+    def sleep(self) -> None:
+        """Level 1: weights to host memory, KV cache freed, so another engine can use the GPU (not on CPU)."""
+        self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        self.llm.wake_up()
+
     def now(self) -> float:
         return time.perf_counter()
 

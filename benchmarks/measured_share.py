@@ -1,0 +1,56 @@
+"""Measured-work share of `scripts/demo`: the replicates' measured seconds (sum of `wall_s`) over the
+command's wall time, and where the rest went (engine starts, warm-up runs, process start-up, the driver).
+With --old, the demo also runs as it did before warm engines (a new engine for every replicate and an
+unmeasured warm-up run in every comparison), interleaved new, old, new, old..., and the wall times are
+set side by side.
+
+    python benchmarks/measured_share.py [--rounds 1] [--old] [-- extra overrides]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OLD = ["compare.restart=per_replicate", "compare.warmup_replicate=true", "compare.engine_warmup=none"]
+
+
+def run(overrides: list[str]) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as out:
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "throttle_sweep", "+experiment=demo", f"results_dir={out}", *overrides],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall = time.perf_counter() - began
+        records = [json.loads(line) for line in (Path(out) / "demo" / "replicates.jsonl").open()]
+    measured = sum(r.get("wall_s") or 0 for r in records if not r.get("warmup"))
+    return {"wall": wall, "measured": measured, "share": measured / wall, "runs": len(records),
+            "starts": sum(r.get("engine_start_s") or 0 for r in records),
+            "warmups": sum(r.get("engine_warmup_s") or 0 for r in records)
+            + sum(r.get("wall_s") or 0 for r in records if r.get("warmup"))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--old", action="store_true", help="also run the demo as before warm engines")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {"new": [], "old": []}
+    for _ in range(args.rounds):
+        for name in ("new", "old") if args.old else ("new",):
+            r = run(args.overrides + (OLD if name == "old" else []))
+            results[name].append(r)
+            print(f"{name}: wall {r['wall']:.0f} s, measured {r['measured']:.0f} s (share {r['share']:.2f}), "
+                  f"{r['runs']} records, engine starts {r['starts']:.0f} s, warm-up runs {r['warmups']:.0f} s", flush=True)
+    if args.old:
+        new, old = (sum(r["wall"] for r in results[k]) for k in ("new", "old"))
+        print(f"demo wall time new/old: {new / old:.2f} ({new:.0f} s vs {old:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
