@@ -1,4 +1,5 @@
-"""Hydra entry point: `python -m throttle_sweep [mode=...] [+space=NAME] [key=value ...]`."""
+"""Hydra entry point: `python -m throttle_sweep [mode=...] [+space=NAME] [key=value ...]`, or the
+`throttle-sweep` console script, which is the same."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rich.console import Console
 from throttle_sweep.config import register
 from throttle_sweep.errors import ThrottleSweepError
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # shipped inside the package: any install works
 MODES = ("measure", "compare", "analyze", "sweep", "export")
 
 

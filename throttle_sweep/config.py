@@ -25,6 +25,9 @@ class WorkloadConf:
     concurrency: int = 8
     rate: float | None = None
     jsonl: str | None = None
+    sharegpt: str | None = None
+    chars_per_token: float = 4.0
+    shared_prefix_len: int = 0
     warmup_requests: int | None = None  # null: one full batch (concurrency) of short requests
     warmup_output_len: int = 16
     seed: int = 0

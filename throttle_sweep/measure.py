@@ -173,10 +173,15 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
         before = session.preemptions()
+        cache_before = session.prefix_cache() if hasattr(session, "prefix_cache") else None
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,
                        batch_limit=getattr(session, "max_num_seqs", None) or flags.get("max_num_seqs"))
         record.update(summarise(result, spec, price))
         record["preemptions"] = session.preemptions() - before
+        if cache_before is not None:  # prompt tokens served from the prefix cache during the measured part
+            queries, hits = (after - was for after, was in zip(session.prefix_cache(), cache_before, strict=True))
+            record["prefix_cache"] = {"queries": queries, "hits": hits,
+                                      "hit_rate": hits / queries if queries else None}
         record["status"], record["reason"] = "ok", None
         if record["requests_failed"]:
             record.update(status="failed", reason=f"{record['requests_failed']} requests did not finish")

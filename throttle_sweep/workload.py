@@ -28,6 +28,9 @@ class WorkloadSpec:
     concurrency: int = 8  # closed loop: requests kept in flight
     rate: float | None = None  # open loop: Poisson arrivals per second
     jsonl: str | None = None  # prompts from a file: {"prompt_token_ids": [...] | "prompt": "...", "output_len": N}
+    sharegpt: str | None = None  # ShareGPT-style conversations (JSON): their prompt and reply lengths
+    chars_per_token: float = 4.0  # ShareGPT text has no tokenizer here: its length in tokens, estimated
+    shared_prefix_len: int = 0  # every prompt starts with the same this-many tokens (a system prompt, an agent's context)
     warmup_requests: int | None = None  # null: one full batch (`concurrency` requests)
     warmup_output_len: int = 16  # warm-up requests are short: they warm every batch size, not the clock
     seed: int = 0
@@ -57,8 +60,15 @@ class WorkloadSpec:
             raise ConfigError(f"{source}.loop must be 'closed' or 'open', but got {self.loop!r}")
         if self.loop == "open" and (self.rate is None or self.rate <= 0):
             raise ConfigError(f"{source}.rate must be > 0 requests/s for an open loop, but got {self.rate!r}")
-        if self.jsonl is not None and not Path(self.jsonl).is_file():
-            raise ConfigError(f"{source}.jsonl: no such file {self.jsonl!r}")
+        for key in ("jsonl", "sharegpt"):
+            if getattr(self, key) is not None and not Path(getattr(self, key)).is_file():
+                raise ConfigError(f"{source}.{key}: no such file {getattr(self, key)!r}")
+        if self.jsonl is not None and self.sharegpt is not None:
+            raise ConfigError(f"{source}: give {source}.jsonl or {source}.sharegpt, not both")
+        if not isinstance(self.shared_prefix_len, int) or self.shared_prefix_len < 0:
+            raise ConfigError(f"{source}.shared_prefix_len must be an integer >= 0, but got {self.shared_prefix_len!r}")
+        if not self.chars_per_token > 0:
+            raise ConfigError(f"{source}.chars_per_token must be > 0, but got {self.chars_per_token!r}")
         if max_model_len is not None:
             longest = max(r.prompt_len + r.output_len for r in make_requests(self))
             if longest > max_model_len:
@@ -80,16 +90,68 @@ def make_requests(spec: WorkloadSpec, *, warmup: bool = False) -> list[Request]:
     prefix = "warmup-" if warmup else "req-"
     if spec.jsonl is not None and not warmup:
         rows = _read_jsonl(Path(spec.jsonl), spec)
+    elif spec.sharegpt is not None and not warmup:
+        rows = [(tuple(rng.randrange(10, spec.vocab_limit) for _ in range(n_in)), None, n_out)
+                for n_in, n_out in read_sharegpt(Path(spec.sharegpt), spec)]
     else:
         out_len = min(spec.output_len, spec.warmup_output_len) if warmup else spec.output_len
         rows = [(tuple(rng.randrange(10, spec.vocab_limit) for _ in range(_length(rng, spec, spec.prompt_len))),
                  None, _length(rng, spec, out_len)) for _ in range(count)]
+    if spec.shared_prefix_len:  # one system prompt before every request's own (warm-up ones too)
+        prefix_ids = tuple(random.Random(spec.seed + 104729).randrange(10, spec.vocab_limit)
+                           for _ in range(spec.shared_prefix_len))
+        if any(ids is None for ids, _, _ in rows):
+            raise ConfigError("workload.shared_prefix_len needs token-id prompts; the jsonl file has text prompts")
+        rows = [(prefix_ids + ids, text, n) for ids, text, n in rows]
     arrival, requests = 0.0, []
     for i, (token_ids, text, output_len) in enumerate(rows):
         if spec.loop == "open" and not warmup and i > 0:
             arrival += rng.expovariate(spec.rate)
         requests.append(Request(f"{prefix}{i}", output_len, token_ids, text, arrival))
     return requests
+
+
+# vLLM's own ShareGPT benchmark keeps conversations with at least 4 tokens each way, a prompt of at most
+# 1024 tokens and at most 2048 tokens in all; so do we, so that the length distribution is the one people quote
+SHAREGPT_MIN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+
+def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) of the first exchange of each conversation in a ShareGPT-style file
+    ([{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}, ...]),
+    filtered as vLLM's benchmark does, shuffled with the workload's seed, the first num_requests of them.
+    Lengths are estimated from characters (`chars_per_token`): the prompts become token ids of those lengths,
+    so the engine sees the dataset's lengths whatever its tokenizer, and every replicate the same work."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
+                          "workload.sharegpt expects a JSON list of conversations") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: a ShareGPT file is a JSON list of conversations, but this one holds a "
+                          f"{type(data).__name__}")
+    pairs = []
+    for item in data:
+        turns = (item.get("conversations") or item.get("conversation")) if isinstance(item, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, second = turns[0], turns[1]
+        if not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in (first, second)):
+            continue
+        if first.get("from") not in ("human", "user") or second.get("from") not in ("gpt", "assistant", "chatgpt"):
+            continue
+        n_in, n_out = (max(1, round(len(t["value"]) / spec.chars_per_token)) for t in (first, second))
+        if n_in < SHAREGPT_MIN or n_out < SHAREGPT_MIN or n_in > SHAREGPT_MAX_PROMPT \
+                or n_in + n_out > SHAREGPT_MAX_TOTAL:
+            continue
+        pairs.append((n_in, n_out))
+    if not pairs:
+        raise ConfigError(f"{path}: no usable conversations (each needs a human turn then a gpt turn, with "
+                          f"{SHAREGPT_MIN}..{SHAREGPT_MAX_PROMPT} prompt tokens and at most {SHAREGPT_MAX_TOTAL} in all)")
+    random.Random(spec.seed).shuffle(pairs)
+    return pairs[: spec.num_requests]
 
 
 def _read_jsonl(path: Path, spec: WorkloadSpec) -> list[tuple]:

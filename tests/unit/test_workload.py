@@ -99,3 +99,53 @@ def test_bad_workload_names_the_key(changes, key):
 def test_output_beyond_max_model_len_is_refused():
     with pytest.raises(ConfigError, match="beyond max_model_len=128"):
         WorkloadSpec(prompt_len=64, output_len=100).check(max_model_len=128)
+
+
+def sharegpt_file(tmp_path, conversations):
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(conversations))
+    return str(path)
+
+
+def convo(human_chars: int, gpt_chars: int, *, first="human") -> dict:
+    return {"id": "x", "conversations": [{"from": first, "value": "h" * human_chars},
+                                         {"from": "gpt", "value": "g" * gpt_chars},
+                                         {"from": "human", "value": "ignored: only the first exchange counts"}]}
+
+
+def test_sharegpt_lengths_follow_the_conversations_filtered_as_vllm_does(tmp_path):
+    kept = [convo(400, 800), convo(40, 2000), convo(100, 60)]  # 100+200, 10+500, 25+15 tokens at 4 chars a token
+    dropped = [convo(8, 800),      # a 2-token prompt (< 4)
+               convo(4400, 40),    # a 1100-token prompt (> 1024)
+               convo(3600, 4800),  # 900 + 1200 tokens (> 2048 in all)
+               convo(400, 800, first="gpt"),  # not a human turn first
+               {"id": "y", "conversations": [{"from": "human", "value": "only one turn"}]}]
+    spec = WorkloadSpec(num_requests=10, sharegpt=sharegpt_file(tmp_path, kept + dropped))
+    spec.check(max_model_len=2048)
+    requests = make_requests(spec)
+    assert sorted((r.prompt_len, r.output_len) for r in requests) == [(10, 500), (25, 15), (100, 200)]
+    assert make_requests(spec) == requests  # the same work every replicate
+    assert len(make_requests(WorkloadSpec(num_requests=2, sharegpt=spec.sharegpt))) == 2
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("[{\"conversations\": [", "not valid JSON at line 1"),
+    ("{\"conversations\": []}", "a JSON list of conversations, but this one holds a dict"),
+    (json.dumps([convo(2, 2)]), "no usable conversations"),
+])
+def test_a_sharegpt_file_that_cannot_be_used_is_named_with_the_reason(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message) as caught:
+        make_requests(WorkloadSpec(sharegpt=str(path)))
+    assert str(path) in str(caught.value)
+
+
+def test_a_shared_prefix_starts_every_prompt_warm_up_included():
+    spec = WorkloadSpec(num_requests=6, prompt_len=8, shared_prefix_len=32)
+    requests = make_requests(spec) + make_requests(spec, warmup=True)
+    prefixes = {r.prompt_token_ids[:32] for r in requests}
+    assert len(prefixes) == 1 and all(r.prompt_len == 40 for r in requests)
+    assert len({r.prompt_token_ids[32:] for r in make_requests(spec)}) == 6  # each its own continuation
+    with pytest.raises(ConfigError, match="shared_prefix_len must be an integer >= 0"):
+        WorkloadSpec(shared_prefix_len=-1).check(max_model_len=None)

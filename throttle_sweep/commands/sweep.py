@@ -54,14 +54,14 @@ def space_name() -> str:
 
 
 def space_file(name: str) -> str:
-    """Where `space/NAME.yaml` was found: ours in conf/, or the user's own (hydra.searchpath)."""
+    """Where `space/NAME.yaml` was found: ours in the package's conf/, or the user's own (hydra.searchpath)."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
         for source in HydraConfig.get().runtime.config_sources:
             if source.schema == "file" and (Path(source.path) / "space" / f"{name}.yaml").exists():
                 return str(Path(source.path) / "space" / f"{name}.yaml")
-    return f"conf/space/{name}.yaml"
+    return f"throttle_sweep/conf/space/{name}.yaml"
 
 
 def study_location(cfg: DictConfig) -> tuple[str, Path, str]:

@@ -103,7 +103,14 @@ class VllmSession:
         return float(self._scheduler.kv_cache_manager.usage)
 
     def preemptions(self) -> int:
-        return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"))
+        return self._counter("vllm:num_preemptions")
+
+    def prefix_cache(self) -> tuple[int, int]:
+        """Cumulative prompt tokens looked up in the prefix cache, and how many of them it held."""
+        return self._counter("vllm:prefix_cache_queries"), self._counter("vllm:prefix_cache_hits")
+
+    def _counter(self, name: str) -> int:
+        return int(sum(m.value for m in self.llm.get_metrics() if m.name == name))
 
     def sleep(self) -> None:
         """Level 1: weights to host memory, KV cache freed, so another engine can use the GPU (not on CPU)."""
