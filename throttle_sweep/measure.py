@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
+import time
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -197,6 +198,28 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=8),
                       stage="run")
     return record
+
+
+TIMER_TICKS = 1000  # measured work should span at least this many ticks of the clock that times it
+
+
+def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """The rule for a replicate's size: its measured work should take longer than an engine start and span
+    at least TIMER_TICKS ticks of the timer. Shorter work spends most machine time on start-up (a GPU engine
+    starts in 15-35 s) and lets fixed per-run costs and timer steps weigh in the cost per token."""
+    tick = time.get_clock_info("perf_counter").resolution
+    for r in records:
+        wall, start = r.get("wall_s"), r.get("engine_start_s") or 0.0
+        if r.get("status") != "ok" or not wall:
+            continue
+        if wall < start or wall < TIMER_TICKS * tick:
+            shorter = (f"shorter than its engine's start ({start:.2f} s)" if wall < start
+                       else f"under {TIMER_TICKS} ticks of the timer ({tick:g} s each)")
+            return (f"a replicate's measured work took {wall:.2f} s, {shorter}: most machine time goes to "
+                    "start-up and fixed per-run costs weigh in its cost per token; raise workload.num_requests "
+                    "(or output_len) until the work outlasts an engine start (engine=gpu brings a GPU-sized "
+                    "workload)")
+    return None
 
 
 def one_line(record: Mapping[str, Any], price: Price) -> str:

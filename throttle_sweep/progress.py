@@ -1,10 +1,19 @@
-"""Live progress for long measurements: what runs now, n of m, elapsed and ETA."""
+"""Live progress for long measurements: what runs now, n of m, elapsed and ETA. On a terminal, a live display
+(an overall bar with the ETA, a line per slot, the best feasible point so far) with the messages printed
+above it; elsewhere (CI, logs, a pipe) plain lines, one per step."""
 
 from __future__ import annotations
 
+import re
 import time
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+SLOT = re.compile(r" on slot (\S+)")
 
 
 class Progress:
@@ -16,16 +25,68 @@ class Progress:
         self.first: float | None = None  # the ETA counts from the first step (probes before it are not steps)
         self.count = 0
 
-    def step(self, description: str) -> None:
+    def _advance(self) -> tuple[float, str]:
         now = time.monotonic()
-        elapsed = now - self.began
         self.first = self.first if self.first is not None else now
         pace = (now - self.first) / self.count if self.count else None
-        eta = f"{pace * (self.total - self.count):.0f}s" if pace else "?"
         self.count += 1
+        return now - self.began, f"{pace * (self.total - self.count + 1):.0f}s" if pace else "?"
+
+    def step(self, description: str) -> None:
+        elapsed, eta = self._advance()
         self.console.print(f"[dim]{self.what} {self.count}/{self.total}  elapsed {elapsed:.0f}s  ETA {eta}[/]  "
                            f"{description}", highlight=False)
+
+    def note(self, message: str) -> None:
+        """Anything else worth saying (probe results, trial verdicts)."""
+        self.console.print(message, highlight=False)
 
     def skip(self, n: int = 1) -> None:
         """Steps already done before this run (resumed): they count, but did not take this run's time."""
         self.total -= n
+
+    def stop(self) -> None:
+        pass
+
+
+class LiveProgress(Progress):
+    """The terminal's live display; messages scroll above it."""
+
+    def __init__(self, console: Console, total: int, *, what: str = "replicate") -> None:
+        super().__init__(console, total, what=what)
+        self.slots: dict[str, str] = {}
+        self.best = "none yet"
+        self.eta = "?"
+        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+        self.live.start()
+
+    def step(self, description: str) -> None:
+        _, self.eta = self._advance()
+        slot = SLOT.search(description)
+        self.slots[slot.group(1) if slot else "0"] = SLOT.sub("", description)
+        self.live.update(self._render())
+
+    def note(self, message: str) -> None:
+        if "best so far: " in message:
+            self.best = message.rsplit("best so far: ", 1)[1]
+        self.console.print(message, highlight=False)
+        self.live.update(self._render())
+
+    def _render(self) -> Group:
+        elapsed = time.monotonic() - self.began
+        head = Table.grid(padding=(0, 1))
+        head.add_row(ProgressBar(total=max(self.total, 1), completed=min(self.count, self.total), width=40),
+                     Text(f"{self.what} {self.count}/{self.total}  elapsed {elapsed:.0f}s  ETA {self.eta}"))
+        lines = [head, *(Text(f"  slot {slot}: {doing}", style="dim") for slot, doing in sorted(self.slots.items())),
+                 Text(f"  best feasible so far: {self.best}", style="bold")]
+        return Group(*lines)
+
+    def stop(self) -> None:
+        if self.live.is_started:
+            self.live.update(self._render())
+            self.live.stop()
+
+
+def progress_for(console: Console, total: int, *, what: str = "replicate") -> Progress:
+    """The live display on a terminal, plain lines anywhere else."""
+    return (LiveProgress if console.is_terminal else Progress)(console, total, what=what)

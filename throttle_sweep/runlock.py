@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from throttle_sweep.errors import ThrottleSweepError
+from throttle_sweep.errors import ConfigError, ThrottleSweepError
 
 LOCK_FILE = ".lock"
 
@@ -29,8 +29,12 @@ class RunLockedError(ThrottleSweepError):
 @contextmanager
 def hold(folder: Path, *, what: str) -> Iterator[None]:
     """Hold the folder's lock for the body; raise RunLockedError naming the holder if another has it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the whole run
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the whole run
+    except OSError as exc:  # before anything is measured: say where, and what to change
+        raise ConfigError(f"cannot write the results folder {folder} ({exc.strerror or exc}); results go under "
+                          "results_dir: set it to a folder you can write to (results_dir=PATH)") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

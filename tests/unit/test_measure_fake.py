@@ -105,3 +105,18 @@ def test_the_fake_splits_a_long_prompt_across_steps_with_chunked_prefill_and_ref
 
 def test_the_fake_uses_vllm_cpus_block_size_unless_told():
     assert FakeEngine().start({}).block_size == 128 and FakeEngine().start({"block_size": 16}).block_size == 16
+
+
+def test_work_shorter_than_an_engine_start_is_flagged_with_what_to_raise(tmp_path):
+    from rich.console import Console
+
+    from throttle_sweep.measure import short_work_note
+
+    console = Console(record=True, width=400)
+    cfg = compose_cfg("backend=fake", "run=short", "fake.start_s=5", "workload.num_requests=8", tmp_path=tmp_path)
+    measure_cmd.run(cfg, console)
+    said = console.export_text()
+    assert "shorter than its engine's start (5.00 s)" in said and "raise workload.num_requests" in said
+    ok = {"status": "ok", "wall_s": 6.0, "engine_start_s": 5.0}
+    assert short_work_note([ok]) is None and short_work_note([{**ok, "status": "failed", "wall_s": 0.1}]) is None
+    assert short_work_note([{**ok, "wall_s": 1e-7, "engine_start_s": 0.0}]) is not None  # under the timer's ticks

@@ -11,7 +11,8 @@ from rich.console import Console
 from throttle_sweep.analysis import COST_BASES, analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.progress import Progress
+from throttle_sweep.measure import short_work_note
+from throttle_sweep.progress import progress_for
 from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
 from throttle_sweep.runlock import hold
@@ -84,18 +85,21 @@ def run(cfg: DictConfig, console: Console) -> int:
         slot = WarmSlot(engine, spec, price, run_id=out.name, environment=engine.environment(), **warm)
         measure = partial(_measure, slot, context={"comparison": comparison, "schedule": cfg.compare.schedule},
                           warmup=cfg.compare.warmup_replicate)
-        progress = Progress(console, len(order) - len(done))
+        progress = progress_for(console, len(order) - len(done))
         try:
             records = run_schedule(
                 measure, arms, order, write=log.append, done=done,
                 progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
         finally:
+            progress.stop()
             slot.close()
         analysis = analyse(records, thresholds, token_tolerance=cfg.compare.token_tolerance, labels=labels,
                            cost=basis)
         for line in lines(analysis, thresholds, price):
             console.print(line, highlight=False)
         paths = write(out, analysis, thresholds, price, plot=cfg.plots)
+    if (note := short_work_note(records)) is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
     return 0
 

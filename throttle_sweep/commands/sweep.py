@@ -17,12 +17,14 @@ import numpy as np
 import optuna
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
 
 from throttle_sweep.commands.compare import cost_basis_from, thresholds_from
 from throttle_sweep.commands.export import export_winner
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import short_work_note
 from throttle_sweep.pool import LocalPool
-from throttle_sweep.progress import Progress
+from throttle_sweep.progress import Progress, progress_for
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
@@ -132,7 +134,7 @@ def run(cfg: DictConfig, console: Console) -> int:
             preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
     if "max_num_seqs" in distributions:
         top = _extremes(distributions["max_num_seqs"])[-1]
-        if (note := concurrency_note({"max_num_seqs": top}, spec, source=f"{source}: top of")) is not None:
+        if (note := concurrency_note({"max_num_seqs": top}, spec, source=source, what="the top of ")) is not None:
             console.print(f"[yellow]note:[/] {note}", highlight=False)
     with hold(out, what=f"study {name!r}"):  # one writer: records, study and leftovers are ours alone
         return run_locked(cfg, console, name=name, out=out, storage=storage, distributions=distributions,
@@ -148,15 +150,18 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     OmegaConf.save(cfg, out / "config.yaml")
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
-    closer = None
+    closer, progress = None, None
     try:
         with stop_on_sigterm():
             pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say)
-            sweep = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
-                               base=base, baseline=baseline, spec=spec, pool=pool, log=log, settings=settings)
+            sweep, progress = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
+                                         base=base, baseline=baseline, spec=spec, pool=pool, log=log,
+                                         settings=settings)
             result = sweep.run()
     except (KeyboardInterrupt, SweepStopped) as exc:
         with shielded():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
+            if progress is not None:
+                progress.stop()
             if closer is not None:
                 closer()
                 closer = None
@@ -166,11 +171,15 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
                 "again to resume.")
         return 130 if isinstance(exc, KeyboardInterrupt) else 3
     finally:
+        if progress is not None:
+            progress.stop()
         if closer is not None:
             with shielded():
                 closer()
     for line in lines(result, price, settings.max_preemptions):
         say(line)
+    if (note := short_work_note(log.records)) is not None:
+        say(f"[yellow]note:[/] {note}")
     report = write_report(out, result, price, settings.max_preemptions, plots=cfg.plots)
     say(f"report: {report}")
     if result.winner is None:
@@ -212,6 +221,12 @@ def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str
                                     sampler=make_sampler(cfg, distributions, parallel=False))
     except ValueError as exc:
         raise ConfigError(f"study {name!r} in {storage} cannot be opened: {exc}") from exc
+    except (ImportError, OSError, SQLAlchemyError) as exc:  # no driver for the URL, a server that does not answer
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise ConfigError(f"study.storage={storage!r} cannot be opened ({type(exc).__name__}: {reason}); give an "
+                          "Optuna storage URL that works here (sqlite:///path/study.db, or a database this "
+                          "machine can reach with its driver installed), or leave study.storage unset for "
+                          "results/<study.name>/study.db") from None
     if len(study.directions) != len(directions):
         raise ConfigError(f"study {name!r} in {storage} has {len(study.directions)} objective(s), but "
                           f"study.multi_objective={settings.multi_objective} needs {len(directions)}; "
@@ -221,8 +236,8 @@ def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str
 
 def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: str, storage: str,
                distributions: dict[str, Any], base: dict[str, Any], baseline: dict[str, Any], spec: Any,
-               pool: Any, log: RecordLog, settings: SweepSettings) -> Sweep:
-    """The driver around the study, with live progress; the sampler knows how many slots run at once, and a
+               pool: Any, log: RecordLog, settings: SweepSettings) -> tuple[Sweep, Progress]:
+    """The driver around the study, and its live progress; the sampler knows how many slots run at once, and a
     resumed study gets a fresh seed (the same seed would propose the points it proposed last time again)."""
     previous = sum(1 for t in study.trials if t.state.is_finished())
     study.sampler = make_sampler(cfg, distributions, parallel=pool.size > 1, offset=len(study.trials))
@@ -241,13 +256,13 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
     warmup = int(settings.warmup_replicate)
     total = (settings.n_trials * (2 * settings.replicates + warmup)
              + settings.confirm_top * (2 * settings.confirm_replicates + warmup))
-    progress = Progress(console, total)
-    return Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
-                 workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
-                 write=log.append, existing=log.records, settings=settings,
-                 grid=grid_points(distributions, seed=cfg.study.seed) if cfg.study.sampler == "grid" else None,
-                 on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else
-                 console.print(msg, highlight=False))
+    progress = progress_for(console, total)
+    sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
+                  workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
+                  write=log.append, existing=log.records, settings=settings,
+                  grid=grid_points(distributions, seed=cfg.study.seed) if cfg.study.sampler == "grid" else None,
+                  on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else progress.note(msg))
+    return sweep, progress
 
 
 def grid_points(distributions: dict[str, Any], *, seed: int) -> list[dict[str, Any]]:

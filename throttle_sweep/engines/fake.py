@@ -82,8 +82,9 @@ class FakeSession:
         kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
         self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
         self.kv_blocks, self.kv_block_size = self.total_blocks, self.block_size
-        self.lifetime_speed: float | None = None
-        self.begin_replicate(start_index)
+        self.lifetime_speed = self._lifetime(start_index)
+        self._begun = False
+        self._set_speed(start_index)
         self.start_seconds = knobs.start_s
         self.clock = 0.0
         self.steps = 0
@@ -98,9 +99,18 @@ class FakeSession:
     def begin_replicate(self, index: int) -> None:
         """Noise is drawn once per replicate and drift grows with the slot's replicate index: on a warm engine
         the slot passes its own count, so the machine drifts the same whether engines restart or not."""
+        if not self._begun:  # this engine's own speed, drawn at its first replicate from the slot's count
+            self.lifetime_speed, self._begun = self._lifetime(index), True
+        # every replicate starts its virtual clock at 0: the same work gives the same seconds to the last bit,
+        # whatever ran on this engine before (a warm-up run, earlier replicates)
+        self.clock = 0.0
+        self._set_speed(index)
+
+    def _lifetime(self, index: int) -> float:
+        return math.exp(random.Random(f"{self.knobs.seed}/{index}").gauss(0.0, self.knobs.lifetime_sd))
+
+    def _set_speed(self, index: int) -> None:
         rng = random.Random(self.knobs.seed * 1_000_003 + index)
-        if self.lifetime_speed is None:  # drawn at the engine's first replicate (the slot's count: unique)
-            self.lifetime_speed = math.exp(random.Random(f"{self.knobs.seed}/{index}").gauss(0.0, self.knobs.lifetime_sd))
         self.speed = ((1.0 + self.knobs.drift_per_start * index) * math.exp(rng.gauss(0.0, self.knobs.noise_sd))
                       * self.lifetime_speed)
 

@@ -221,8 +221,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
         ENGINES_STARTED += 1
         if task.warmup == "every" or (task.warmup == "first" and ENGINES_STARTED == 1):
             # a process's first run is slow (lazy imports, allocator, caches): run it, and keep nothing
-            began = session.now()  # the engine's clock (virtual on the fake engine)
             session.begin_replicate(task.run_index)
+            began = session.now()  # the engine's clock (virtual on the fake engine)
             warm = measure_on(session, task.flags, spec, price, {})
             life.warmup_s = session.now() - began
             record["engine_warmup_s"] = life.warmup_s

@@ -7,6 +7,7 @@ prompts, so every code path that matters for cost (scheduler, KV cache, preempti
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import platform
 import time
@@ -36,6 +37,9 @@ def prepare_environment() -> None:
         os.environ.setdefault(key, value)
     if os.environ["VLLM_LOGGING_LEVEL"] == "ERROR":  # the same switch: VLLM_LOGGING_LEVEL=INFO shows them
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+        # vLLM configures its logging only when an engine starts; what it logs while being imported (such as
+        # "Triton is installed, but doesn't include CPU backend") reaches Python's last-resort handler
+        logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 class VllmSession:

@@ -172,6 +172,19 @@ def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: 
     return path
 
 
+def mark_boundary_and_winner(ax: Any, study: optuna.Study, flag: str) -> None:
+    """Where preemption starts along this flag (between the last clean and the first preempting value the
+    probes found; one band per setting of the other knobs) and the exported winner."""
+    bands = [(b["last_clean"], b["first_preempting"]) for b in study.user_attrs.get("boundaries") or []
+             if b.get("knob") == flag and b.get("last_clean") is not None and b.get("first_preempting") is not None]
+    for i, (clean, dirty) in enumerate(bands):
+        ax.axvspan(min(clean, dirty), max(clean, dirty), color="tab:red", alpha=0.12,
+                   label="preemption starts (probes)" if i == 0 else None)
+    winner = (study.user_attrs.get("winner") or {}).get("params") or {}
+    if flag in winner and not isinstance(winner[flag], str | bool):
+        ax.axvline(winner[flag], color="tab:blue", linestyle="--", linewidth=1.2, label=f"winner ({flag}={winner[flag]})")
+
+
 def plot(out: Path, study: optuna.Study) -> list[str]:
     """Cost ratio against each swept flag with interval bars (preempting points marked), and the history."""
     import matplotlib
@@ -195,6 +208,7 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
             err = [[cost(t) - t.user_attrs["ci"][0] for t in pts], [t.user_attrs["ci"][1] - cost(t) for t in pts]]
             ax.errorbar(xs, ys, yerr=err, fmt="o", color=colour, label=label, capsize=3)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        mark_boundary_and_winner(ax, study, flag)
         ax.set_xlabel(flag)
         ax.set_ylabel("cost ratio vs baseline (interval of the table)")
         ax.legend()
