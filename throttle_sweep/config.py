@@ -27,6 +27,7 @@ class WorkloadConf:
     jsonl: str | None = None
     sharegpt: str | None = None
     chars_per_token: float = 4.0
+    tokenizer: str | None = None
     shared_prefix_len: int = 0
     warmup_requests: int | None = None  # null: one full batch (concurrency) of short requests
     warmup_output_len: int = 16

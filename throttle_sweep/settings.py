@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,12 @@ def price_from(cfg: DictConfig) -> Price:
 
 
 def workload_from(cfg: DictConfig) -> WorkloadSpec:
-    return WorkloadSpec(**plain(cfg.workload))
+    """The workload; ShareGPT text is counted with the named model's tokenizer unless another is named."""
+    spec = WorkloadSpec(**plain(cfg.workload))
+    model = (plain(cfg.engine) or {}).get("model")
+    if spec.sharegpt is not None and spec.tokenizer is None and model is not None:
+        spec = replace(spec, tokenizer=model)
+    return spec
 
 
 def engine_from(cfg: DictConfig) -> Engine:

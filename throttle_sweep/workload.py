@@ -6,6 +6,7 @@ tokens of a replicate never move and its cost per token moves only with time.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Sequence
@@ -29,7 +30,8 @@ class WorkloadSpec:
     rate: float | None = None  # open loop: Poisson arrivals per second
     jsonl: str | None = None  # prompts from a file: {"prompt_token_ids": [...] | "prompt": "...", "output_len": N}
     sharegpt: str | None = None  # ShareGPT-style conversations (JSON): their prompt and reply lengths
-    chars_per_token: float = 4.0  # ShareGPT text has no tokenizer here: its length in tokens, estimated
+    chars_per_token: float = 4.0  # ShareGPT text without a tokenizer: its length in tokens, estimated
+    tokenizer: str | None = None  # a tokenizer (name or folder) to count and encode ShareGPT text with
     shared_prefix_len: int = 0  # every prompt starts with the same this-many tokens (a system prompt, an agent's context)
     warmup_requests: int | None = None  # null: one full batch (`concurrency` requests)
     warmup_output_len: int = 16  # warm-up requests are short: they warm every batch size, not the clock
@@ -91,8 +93,8 @@ def make_requests(spec: WorkloadSpec, *, warmup: bool = False) -> list[Request]:
     if spec.jsonl is not None and not warmup:
         rows = _read_jsonl(Path(spec.jsonl), spec)
     elif spec.sharegpt is not None and not warmup:
-        rows = [(tuple(rng.randrange(10, spec.vocab_limit) for _ in range(n_in)), None, n_out)
-                for n_in, n_out in read_sharegpt(Path(spec.sharegpt), spec)]
+        rows = [(ids or tuple(rng.randrange(10, spec.vocab_limit) for _ in range(n_in)), None, n_out)
+                for n_in, n_out, ids in read_sharegpt(Path(spec.sharegpt), spec)]
     else:
         out_len = min(spec.output_len, spec.warmup_output_len) if warmup else spec.output_len
         rows = [(tuple(rng.randrange(10, spec.vocab_limit) for _ in range(_length(rng, spec, spec.prompt_len))),
@@ -116,12 +118,13 @@ def make_requests(spec: WorkloadSpec, *, warmup: bool = False) -> list[Request]:
 SHAREGPT_MIN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
 
 
-def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int]]:
-    """(prompt tokens, output tokens) of the first exchange of each conversation in a ShareGPT-style file
-    ([{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}, ...]),
-    filtered as vLLM's benchmark does, shuffled with the workload's seed, the first num_requests of them.
-    Lengths are estimated from characters (`chars_per_token`): the prompts become token ids of those lengths,
-    so the engine sees the dataset's lengths whatever its tokenizer, and every replicate the same work."""
+def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int, tuple[int, ...] | None]]:
+    """(prompt tokens, output tokens, the prompt's token ids) of the first exchange of each conversation in a
+    ShareGPT-style file ([{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...},
+    ...]}, ...]), filtered as vLLM's benchmark does, shuffled with the workload's seed, the first num_requests.
+    With a tokenizer (`workload.tokenizer`, or the named model's) both sides are counted with it and the
+    prompt is sent as its own tokens; without one, lengths are estimated from characters (`chars_per_token`)
+    and the prompt becomes token ids of that length (None here): the engine sees the dataset's lengths."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -132,6 +135,7 @@ def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int]]:
     if not isinstance(data, list):
         raise ConfigError(f"{path}: a ShareGPT file is a JSON list of conversations, but this one holds a "
                           f"{type(data).__name__}")
+    encode = tokenizer_for(spec.tokenizer)
     pairs = []
     for item in data:
         turns = (item.get("conversations") or item.get("conversation")) if isinstance(item, dict) else None
@@ -142,16 +146,38 @@ def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int]]:
             continue
         if first.get("from") not in ("human", "user") or second.get("from") not in ("gpt", "assistant", "chatgpt"):
             continue
-        n_in, n_out = (max(1, round(len(t["value"]) / spec.chars_per_token)) for t in (first, second))
+        if encode is not None:
+            ids: tuple[int, ...] | None = encode(first["value"])
+            n_in, n_out = len(ids), len(encode(second["value"]))
+        else:
+            ids = None
+            n_in, n_out = (max(1, round(len(t["value"]) / spec.chars_per_token)) for t in (first, second))
         if n_in < SHAREGPT_MIN or n_out < SHAREGPT_MIN or n_in > SHAREGPT_MAX_PROMPT \
                 or n_in + n_out > SHAREGPT_MAX_TOTAL:
             continue
-        pairs.append((n_in, n_out))
+        pairs.append((n_in, n_out, ids))
     if not pairs:
         raise ConfigError(f"{path}: no usable conversations (each needs a human turn then a gpt turn, with "
                           f"{SHAREGPT_MIN}..{SHAREGPT_MAX_PROMPT} prompt tokens and at most {SHAREGPT_MAX_TOTAL} in all)")
     random.Random(spec.seed).shuffle(pairs)
     return pairs[: spec.num_requests]
+
+
+@functools.lru_cache(maxsize=4)  # loaded once per process, not once per replicate
+def tokenizer_for(name: str | None):
+    """Text -> token ids with the tokenizer `name` (a Hugging Face name, or a folder), or None for none."""
+    if name is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the same bad input for the user
+        raise ConfigError(f"workload.tokenizer={name!r} cannot be loaded ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}); name a tokenizer "
+                          "this machine has (a folder, or a cached Hugging Face name), or set "
+                          "workload.tokenizer=null to estimate lengths from characters") from None
+    return lambda text: tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _read_jsonl(path: Path, spec: WorkloadSpec) -> list[tuple]:

@@ -34,8 +34,8 @@ def test_a_sweep_runs_the_lengths_of_a_sharegpt_file(tmp_path):
     assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
     pairs = read_sharegpt(path, WorkloadSpec(num_requests=8, sharegpt=str(path)))
     records = [r for r in read_records(tmp_path / "sg" / "replicates.jsonl") if r["status"] == "ok"]
-    assert records and all(r["input_tokens"] == sum(n for n, _ in pairs) for r in records)
-    assert all(r["output_tokens"] == sum(n for _, n in pairs) for r in records)
+    assert records and all(r["input_tokens"] == sum(n for n, _, _ in pairs) for r in records)
+    assert all(r["output_tokens"] == sum(n for _, n, _ in pairs) for r in records)
     study = optuna.load_study(study_name="sg", storage=f"sqlite:///{tmp_path / 'sg' / 'study.db'}")
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == 2
 

@@ -149,3 +149,23 @@ def test_a_shared_prefix_starts_every_prompt_warm_up_included():
     assert len({r.prompt_token_ids[32:] for r in make_requests(spec)}) == 6  # each its own continuation
     with pytest.raises(ConfigError, match="shared_prefix_len must be an integer >= 0"):
         WorkloadSpec(shared_prefix_len=-1).check(max_model_len=None)
+
+
+def test_with_a_tokenizer_sharegpt_text_is_counted_and_sent_as_its_own_tokens(tmp_path):
+    """A word-level tokenizer built here (nothing downloaded): lengths are its token counts, and the prompt
+    goes to the engine as its token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away", "[UNK]"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    prompt, reply = "the cat sat on the mat", "a dog ran far far away"  # 6 and 6 words
+    spec = WorkloadSpec(num_requests=4, tokenizer=str(tmp_path / "tok"),
+                        sharegpt=sharegpt_file(tmp_path, [{"conversations": [{"from": "human", "value": prompt},
+                                                                             {"from": "gpt", "value": reply}]}]))
+    (request,) = make_requests(spec)
+    assert request.prompt_token_ids == (0, 1, 2, 3, 0, 4) and request.output_len == 6
+    with pytest.raises(ConfigError, match="workload.tokenizer='/nowhere/tok' cannot be loaded"):
+        make_requests(WorkloadSpec(sharegpt=spec.sharegpt, tokenizer="/nowhere/tok"))

@@ -33,9 +33,11 @@ CPU_ENV = {
 
 def prepare_environment() -> None:
     """Set vLLM's CPU environment defaults before vllm is imported (a user's own values win)."""
+    asked = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR") != "ERROR"  # the one switch that turns the noise on
     for key, value in CPU_ENV.items():
-        os.environ.setdefault(key, value)
-    if os.environ["VLLM_LOGGING_LEVEL"] == "ERROR":  # the same switch: VLLM_LOGGING_LEVEL=INFO shows them
+        if not (asked and key == "TORCH_CPP_LOG_LEVEL"):
+            os.environ.setdefault(key, value)
+    if not asked:  # the same switch: VLLM_LOGGING_LEVEL=INFO shows them
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
         # vLLM configures its logging only when an engine starts; what it logs while being imported (such as
         # "Triton is installed, but doesn't include CPU backend") reaches Python's last-resort handler
