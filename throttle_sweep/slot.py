@@ -65,10 +65,10 @@ class WarmSlot:
         host = self._host_for(arm, flags)
         try:
             host.wait_ready()
-        except EngineProcessDied as exc:
+        except EngineProcessDied as exc:  # it never got to these flags: the slot's failure, not theirs
             header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
                                    position=position, environment=self.environment or {}, context=context)
-            return self._lost(host, header, exc)
+            return {**self._lost(host, header, exc), "infrastructure": True}
         if self.environment is None:  # read where the engine runs (a Ray actor need not import vLLM itself)
             self.environment = host.environment
         header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
@@ -105,7 +105,8 @@ class WarmSlot:
     @property
     def sleeps(self) -> bool:
         """On a GPU two engines cannot both hold the memory: the idle one sleeps (vLLM's sleep mode)."""
-        return self.engines > 1 and (self.environment or {}).get("device") in ("cuda", "fake-gpu")
+        return (self.engines > 1 and self.restart != "per_replicate"  # a single engine at a time needs no sleep
+                and (self.environment or {}).get("device") in ("cuda", "fake-gpu"))
 
     def _host_for(self, arm: str, flags: Mapping[str, Any]) -> EngineHost:
         """The process whose live engine serves this arm with these flags; else an idle process, a new one

@@ -104,6 +104,11 @@ def test_on_a_gpu_the_idle_engine_sleeps_so_that_two_fit(tmp_path):
     assert woke == [3, 4, 5, 7]  # every switch back to an engine that had slept
     assert len({r["engine_lifetime"]["id"] for r in records}) == 2 and not list(tmp_path.iterdir())
 
+    s = slot(knobs, restart="per_replicate")  # one engine at a time: nothing sleeps, no sleep mode is measured
+    s.environment = None
+    records = run(s, "BCCB")
+    assert all(r["status"] == "ok" and "enable_sleep_mode" not in r["engine_flags"] for r in records)
+
     s = slot(knobs)
     s.environment = {"device": "fake"}  # a slot that does not know it is on a GPU
     records = run(s, "BC")
@@ -193,7 +198,7 @@ def test_an_unknown_restart_policy_is_refused_before_anything_starts(tmp_path):
 
 def engine_children(pid: int) -> list[psutil.Process]:
     try:
-        return [p for p in psutil.Process(pid).children(recursive=True) if "multiprocessing" in " ".join(p.cmdline())]
+        return [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
     except psutil.NoSuchProcess:
         return []
 
@@ -202,7 +207,8 @@ def engine_children(pid: int) -> list[psutil.Process]:
 def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
     driver = subprocess.Popen(
         [sys.executable, "-m", "throttle_sweep", "mode=compare", "backend=fake", "fake.realtime=true",
-         "fake.start_s=0.1", "workload.num_requests=64", "compare.replicates=8", f"results_dir={tmp_path}"],
+         "fake.start_s=0.1", "workload.num_requests=64", "compare.replicates=8", "compare.restart=never",
+         f"results_dir={tmp_path}"],  # two engine processes, kept up
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background shell ignores SIGINT
     try:

@@ -9,6 +9,7 @@ the parent went (SIGKILL included): it watches its parent's pid."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
@@ -64,16 +65,20 @@ class EngineHost:
         ctx = multiprocessing.get_context("spawn")  # a clean process: no copies of the driver's threads or locks
         self.name = name
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, engine, spec, price, os.getpid()), daemon=True,
+        # not a daemon: vLLM's multi-GPU executor starts worker processes of its own, which a daemon may not;
+        # so the process is ended at exit here (before multiprocessing would wait for it), and by its watcher
+        self.process = ctx.Process(target=serve, args=(child, engine, spec, price, os.getpid()), daemon=False,
                                    name=f"throttle-sweep-engine-{name}")
         self.process.start()
         child.close()
+        atexit.register(self.close, grace_s=1.0)
         self.pid = self.process.pid
         self.key: str | None = None  # the flags of the live engine, if any
         self.runs = 0  # replicates on the live engine
         self.used_at = 0.0
         self.awake = False  # its engine holds device memory
         self._ready = False
+        self._closed = False
         self.environment: dict[str, Any] = {}  # the engine's machine, as the process sees it (once ready)
 
     @property
@@ -86,7 +91,7 @@ class EngineHost:
             return
         if not self._conn.poll(timeout):
             raise EngineProcessDied(f"engine process {self.name} was not ready within {timeout:g}s")
-        self.environment = self._receive("while it imported the engine's code")
+        self.environment = self._receive("ready", "while it imported the engine's code")
         self._ready = True
 
     def measure(self, task: Task) -> dict[str, Any]:
@@ -97,7 +102,7 @@ class EngineHost:
             self._conn.send(task)
         except (BrokenPipeError, OSError) as exc:
             raise EngineProcessDied(self._death("before this replicate reached it")) from exc
-        record = self._receive()
+        record = self._receive("record")
         if record.get("engine_lifetime", {}).get("live"):
             self.key, self.runs = lifetime_key(task), record["engine_lifetime"]["replicate"] + 1
         else:  # the lifetime ended with this replicate (a failure): the next one starts a new engine
@@ -111,17 +116,21 @@ class EngineHost:
             self._conn.send(SLEEP)
         except (BrokenPipeError, OSError) as exc:
             raise EngineProcessDied(self._death("while idle")) from exc
-        seconds = self._receive("while it put its engine to sleep")
+        seconds = self._receive("slept", "while it put its engine to sleep")
         self.awake = False
         return seconds
 
-    def _receive(self, when: str = "mid-replicate") -> Any:
+    def _receive(self, expected: str, when: str = "mid-replicate") -> Any:
         try:
             kind, payload = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise EngineProcessDied(self._death(when)) from exc
         if kind == "error":
             raise EngineProcessDied(f"engine process {self.name} could not start: {payload}")
+        if kind != expected:  # an answer left over from an interrupted call: this process cannot be trusted
+            self.close(grace_s=1.0)
+            raise EngineProcessDied(f"engine process {self.name} answered {kind!r} where {expected!r} was due "
+                                    "(an earlier call was interrupted); it was ended")
         return payload
 
     def _death(self, when: str) -> str:
@@ -135,7 +144,11 @@ class EngineHost:
         return f"the engine's process died {when} (pid {self.pid}, {how})"
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Shut the engine down and end the process: politely, then SIGTERM, then SIGKILL."""
+        """Shut the engine down and end the process: politely, then SIGTERM, then SIGKILL. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
         with contextlib.suppress(Exception):
             self._conn.send(None)
         self.process.join(grace_s)
@@ -240,7 +253,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
                 life.session.wake()
             except Exception as exc:  # noqa: BLE001 - a failed wake-up fails the replicate and ends the engine
                 record.update(status="failed", reason=f"the engine did not wake: {type(exc).__name__}: {exc}",
-                              stage="start", ended_at=now_iso())
+                              stage="start", ended_at=now_iso(), infrastructure=True)  # the GPU's, not the flags'
+
                 close_quietly(life, record)
                 return None
             life.asleep = False
