@@ -1,6 +1,7 @@
-"""A warm engine: one child process that owns one engine at a time and measures replicate after replicate
-on it, so vLLM starts once per lifetime instead of once per replicate, and a crash (a segfault, an
-out-of-memory kill) takes down this process, never the driver.
+"""An engine process: one child process that owns one engine at a time and measures replicates on it. vLLM
+is imported once per process; an engine serves as many replicates as the restart policy allows (one, by
+default: see slot.py); and a crash (a segfault, an out-of-memory kill) takes down this process, never the
+driver.
 
 The child imports vLLM once (about 15 s on a small CPU); later engines in the same process start as fast as
 in the driver (about 1.6 s here). A lifetime ends when the flags change, the restart policy says so, or a
