@@ -173,6 +173,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         record["warmup_requests"] = len(warmup)
         if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
+            if hasattr(session, "reset_prefix_cache"):  # they share the work's prefix: the measured part starts
+                session.reset_prefix_cache()            # with an empty cache, like every replicate
         before = session.preemptions()
         cache_before = session.prefix_cache() if hasattr(session, "prefix_cache") else None
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,

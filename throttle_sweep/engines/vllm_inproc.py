@@ -69,6 +69,9 @@ class VllmSession:
     def begin_replicate(self, index: int) -> None:
         """A warm engine starts each replicate as a fresh one would: nothing cached from the one before (the
         workload's own shared prefixes still hit within a replicate)."""
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
     def add(self, request: Request) -> None:
