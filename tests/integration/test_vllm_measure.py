@@ -106,6 +106,9 @@ def test_steady_cost_against_max_num_seqs_has_no_wave_step(engine):
     steady = {n: median(n, lambda r: r["steady"]["usd_per_mtok"]) for n in runs}
     fixed = {n: median(n, lambda r: r["usd_per_mtok"]) for n in runs}
     print({n: (round(fixed[n], 4), round(steady[n], 4)) for n in runs})
-    # the same runs: the drain is in the whole-replicate cost (1.127 seen, 1.057 on a slower machine)
-    assert fixed[48] / steady[48] > 1.03
+    # the same runs: the drain is in the whole-replicate cost of N=48 only (1.127 seen, 1.057 and 1.022 on
+    # slower machines: its size follows the machine, its presence does not)
+    assert all(r["steady"]["drain_share"] > 0.05 for r in runs[48])
+    assert all(r["steady"]["drain_share"] < 0.02 for n in (32, 64) for r in runs[n])  # whole waves: no drain
+    assert fixed[48] / steady[48] > 1.005 > max(fixed[n] / steady[n] for n in (32, 64)) - 0.005
     assert steady[48] < 1.10 * max(steady[32], steady[64]), steady  # and not in the steady cost
