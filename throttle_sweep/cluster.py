@@ -11,7 +11,6 @@ same study can end any that a SIGKILLed driver left behind.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import math
 import os
@@ -33,7 +32,7 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeKnobs, make_engine
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
-from throttle_sweep.measure import failed_record, record_header
+from throttle_sweep.measure import failed_record, now_iso, record_header
 from throttle_sweep.pool import Job
 from throttle_sweep.slot import WarmSlot
 from throttle_sweep.workload import WorkloadSpec
@@ -186,7 +185,7 @@ class RayPool:
         ping = actor.where.remote()  # an actor runs its calls in order: this one answers before the replicate
         ref = actor.measure.remote(dict(job.flags), job.arm, job.position, dict(job.context))
         now = time.monotonic()
-        self.pending[ref] = Pending(job, job.slot, ping, now, _now_iso(), now + self.timeout_for(job))
+        self.pending[ref] = Pending(job, job.slot, ping, now, now_iso(), now + self.timeout_for(job))
 
     def wait(self) -> list[tuple[Job, dict[str, Any]]]:
         ray = self._ray
@@ -304,9 +303,6 @@ class RayPool:
         self.actors.clear()
         self.pending.clear()
 
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 # ---- joining or starting Ray -------------------------------------------------------------------------------

@@ -17,8 +17,7 @@ from typing import Any
 
 from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Engine
-from throttle_sweep.engines.flags import flags_key
-from throttle_sweep.engines.host import ENGINE_WARMUPS, EngineHost, EngineProcessDied, Task
+from throttle_sweep.engines.host import ENGINE_WARMUPS, EngineHost, EngineProcessDied, Task, lifetime_key
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import failed_record, record_header
 from throttle_sweep.workload import WorkloadSpec
@@ -81,7 +80,7 @@ class WarmSlot:
                 except EngineProcessDied:
                     self.hosts.remove(other)
                     other.close(grace_s=1.0)
-        same = host.key == f"{arm}:{flags_key(flags)}"
+        same = host.key == lifetime_key(arm, flags)
         fresh = self.restart == "every_k" and same and host.runs >= self.restart_every
         runs = (host.runs if same and not fresh else 0) + 1  # on this engine, with this replicate
         # an engine that will not be used again is shut down at once: it holds no memory while idle
@@ -115,7 +114,7 @@ class WarmSlot:
         for dead in [h for h in self.hosts if not h.alive]:
             self.hosts.remove(dead)
             dead.close(grace_s=0.1)
-        key = f"{arm}:{flags_key(flags)}"  # as engines/host.py's lifetime_key
+        key = lifetime_key(arm, flags)
         for host in self.hosts:
             if host.key == key:
                 return host

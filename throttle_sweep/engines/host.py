@@ -51,8 +51,9 @@ class Task:
 SLEEP = "sleep"  # the parent asks the process to put its engine to sleep (a GPU engine making room for another)
 
 
-def lifetime_key(task: Task) -> str:
-    return f"{task.arm}:{flags_key(task.flags)}"
+def lifetime_key(arm: str, flags: Mapping[str, Any]) -> str:
+    """What an engine lifetime serves: one arm with one set of flags (A/A arms never share an engine)."""
+    return f"{arm}:{flags_key(flags)}"
 
 
 class EngineProcessDied(Exception):
@@ -105,7 +106,7 @@ class EngineHost:
             raise EngineProcessDied(self._death("before this replicate reached it")) from exc
         record = self._receive("record")
         if record.get("engine_lifetime", {}).get("live"):
-            self.key, self.runs = lifetime_key(task), record["engine_lifetime"]["replicate"] + 1
+            self.key, self.runs = lifetime_key(task.arm, task.flags), record["engine_lifetime"]["replicate"] + 1
         else:  # the lifetime ended with this replicate (a failure): the next one starts a new engine
             self.key, self.runs = None, 0
         self.awake = self.key is not None
@@ -216,7 +217,7 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
 def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life: Lifetime | None
              ) -> Lifetime | None:
     """Measure `task` on the live engine, or on a new one; return the lifetime that goes on (None: ended)."""
-    record, key = task.record, lifetime_key(task)
+    record, key = task.record, lifetime_key(task.arm, task.flags)
     if life is not None and (task.fresh or life.key != key):
         close_quietly(life, record)
         life = None
