@@ -81,14 +81,13 @@ class WarmSlot:
                     self.hosts.remove(other)
                     other.close(grace_s=1.0)
         same = host.key == lifetime_key(arm, flags)
-        fresh = self.restart == "every_k" and same and host.runs >= self.restart_every
-        runs = (host.runs if same and not fresh else 0) + 1  # on this engine, with this replicate
+        runs = (host.runs if same else 0) + 1  # on this engine, with this replicate
         # an engine that will not be used again is shut down at once: it holds no memory while idle
         keep = self.restart == "never" or (self.restart == "every_k" and runs < self.restart_every)
         # a probe is one run that only counts preemptions (deterministic): it needs no warm engine, and it
         # warms the engine for a comparison that may follow on the same flags
         warmup = self.engine_warmup if context.get("stage") != "probe" else "none"
-        task = Task(flags, header, fresh, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps)
+        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps)
         self.runs += 1
         try:
             return host.measure(task)

@@ -40,7 +40,6 @@ class Task:
 
     flags: Mapping[str, Any]
     record: dict[str, Any]  # the record's header, filled in by the child
-    fresh: bool  # start a new lifetime even if the flags are the same
     run_index: int  # the slot's replicate count (the fake engine's drift follows it)
     warmup: str  # a new engine runs the workload once, unmeasured: first (the process's first engine) | every | none
     arm: str = ""  # part of the lifetime's key: the two arms of a comparison never share an engine
@@ -218,7 +217,7 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
              ) -> Lifetime | None:
     """Measure `task` on the live engine, or on a new one; return the lifetime that goes on (None: ended)."""
     record, key = task.record, lifetime_key(task.arm, task.flags)
-    if life is not None and (task.fresh or life.key != key):
+    if life is not None and life.key != key:
         close_quietly(life, record)
         life = None
     if life is None:
