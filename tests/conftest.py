@@ -19,7 +19,8 @@ def _ray_and_engine_processes() -> set[tuple[int, float]]:
     for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if cmd.startswith("ray::") or any(k in cmd for k in ("raylet", "gcs_server", "ray/dashboard", "ray/_private",
-                                                             "multiprocessing.spawn import spawn_main")):
+                                                             "multiprocessing.spawn import spawn_main",
+                                                             "vllm.entrypoints.openai.api_server", "orphan_guard")):
             found.add((p.info["pid"], p.info["create_time"]))
     return found
 

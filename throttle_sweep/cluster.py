@@ -29,7 +29,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from throttle_sweep.cost import Price
-from throttle_sweep.engines import FakeKnobs, make_engine
+from throttle_sweep.engines import Engine
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.measure import failed_record, now_iso, record_header
@@ -99,9 +99,8 @@ class SlotActor:
     """Lives in a Ray worker process and owns the slot's warm engines (slot.py), each in a child process on
     the same node and GPU: an engine that crashes fails its replicate, and the actor replaces it."""
 
-    def __init__(self, backend: str, knobs: dict[str, Any] | None, spec: WorkloadSpec, price: Price,
-                 run_id: str, slot: int, warm: dict[str, Any]) -> None:
-        engine = make_engine(backend, fake_knobs=FakeKnobs(**knobs) if knobs is not None else None)
+    def __init__(self, engine: Engine, spec: WorkloadSpec, price: Price, run_id: str, slot: int,
+                 warm: dict[str, Any]) -> None:
         self.slot = slot
         self.engines = WarmSlot(engine, spec, price, run_id=run_id, name=f"ray-{slot}", **warm)
         self.engines.warm_up()  # the engine processes import vLLM while the other slots are placed
@@ -478,7 +477,7 @@ def belongs_to(process: Any, temp: str) -> bool:
     return any(f.path.startswith(temp + os.sep) for f in process.open_files())
 
 
-def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price, *, run_id: str, out: Path,
+def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Price, *, run_id: str, out: Path,
                   say: Callable[[str], None]) -> tuple[RayPool, Callable[[], None]]:
     import ray
 
@@ -489,7 +488,6 @@ def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price
     try:
         tensor_parallel = int((plain(cfg.engine) or {}).get("tensor_parallel_size") or 1)
         shape = slot_shape(ray_conf, ray.cluster_resources(), tensor_parallel)
-        knobs = plain(cfg.fake) if cfg.backend == "fake" else None
         remote = ray.remote(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, max_restarts=0)(SlotActor)
         warm = warm_engines_from(cfg)
         environment = engine.environment()
@@ -498,7 +496,7 @@ def make_ray_pool(cfg: DictConfig, engine: Any, spec: WorkloadSpec, price: Price
             return record_header(engine, job.flags, spec, price, run_id=run_id, arm=job.arm, position=job.position,
                                  environment=environment, context=job.context)
 
-        pool = RayPool(make_actor=lambda slot: remote.remote(cfg.backend, knobs, spec, price, run_id, slot, warm),
+        pool = RayPool(make_actor=lambda slot: remote.remote(engine, spec, price, run_id, slot, warm),
                        shape=shape, header=header, say=say, start_timeout_s=ray_conf["start_timeout_s"],
                        job_timeout_s=ray_conf["job_timeout_s"], job_timeout_factor=ray_conf["job_timeout_factor"])
     except BaseException:

@@ -95,9 +95,31 @@ class RayConf:
 
 
 @dataclass
+class ServerConf:
+    """backend=server: vLLM's OpenAI-compatible API server, one per engine lifetime (engines/vllm_server.py)."""
+
+    start_timeout_s: float = 600.0  # the server must answer /health within this (import, load, compile)
+    stop_grace_s: float = 15.0  # after SIGTERM, then SIGKILL of its process group
+    request_timeout_s: float = 600.0  # one streamed request, from sending it to its last token
+    log_dir: str | None = None  # null: <results_dir>/server-logs
+
+
+@dataclass
+class EndpointConf:
+    """backend=endpoint: servers the user already runs (engines/endpoint.py); an arm is a URL, not flags."""
+
+    url: str | None = None  # mode=measure (and both arms of an A/A compare)
+    baseline_url: str | None = None  # mode=compare
+    candidate_url: str | None = None
+    model: str | None = None  # null: the first model the server lists
+    api_key_env: str | None = None  # the environment variable holding the API key (never written anywhere)
+    request_timeout_s: float = 600.0
+
+
+@dataclass
 class Config:
     mode: str = "measure"  # measure | compare | analyze | sweep | export
-    backend: str = "vllm"  # vllm | fake
+    backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | fake
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
     input: str | None = None  # analyze: records (.jsonl) or a minimal CSV/JSONL
@@ -111,6 +133,8 @@ class Config:
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
     ray: RayConf = field(default_factory=RayConf)
+    server: ServerConf = field(default_factory=ServerConf)
+    endpoint: EndpointConf = field(default_factory=EndpointConf)
     plots: bool = True
 
 

@@ -168,6 +168,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
     the reason) and returns it; never raises for the engine's faults."""
     record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
                           "block_size": getattr(session, "kv_block_size", None)}
+    if (log := getattr(session, "log_path", None)) is not None:  # a server's own log (backend=server)
+        record["server_log"] = str(log)
     try:
         warmup = make_requests(spec, warmup=True) if cold else []
         record["warmup_requests"] = len(warmup)

@@ -39,7 +39,54 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
 
 def engine_from(cfg: DictConfig) -> Engine:
     knobs = FakeKnobs(**plain(cfg.fake)) if cfg.backend == "fake" else None
-    return make_engine(cfg.backend, fake_knobs=knobs)
+    server = plain(cfg.server)
+    for key in ("start_timeout_s", "stop_grace_s", "request_timeout_s"):
+        if not isinstance(server[key], int | float) or server[key] <= 0:
+            raise ConfigError(f"server.{key} must be a positive number of seconds, but got {server[key]!r}")
+    server["log_dir"] = str(Path(server["log_dir"] or Path(cfg.results_dir) / "server-logs").absolute())
+    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=plain(cfg.endpoint))
+
+
+ARMS_OF = {"measure": ("url",), "compare": ("baseline_url", "candidate_url")}
+
+
+def endpoint_arms(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """backend=endpoint: each arm is a server the user runs, named by URL (endpoint.url for mode=measure;
+    endpoint.baseline_url and endpoint.candidate_url for mode=compare, or endpoint.url for both: an A/A).
+    Its flags are the server's own, so a flag given on the command line is an error, not silently ignored.
+    Each URL must answer as a vLLM server before anything is measured."""
+    from throttle_sweep.engines.endpoint import check_endpoint
+
+    if cfg.mode not in ARMS_OF:
+        raise ConfigError(f"backend=endpoint runs mode=measure or mode=compare, not mode={cfg.mode}: it cannot set "
+                          "flags on a server it did not start; sweep with backend=server (vLLM's API server, "
+                          "started by throttle_sweep for each configuration)")
+    flagged = [o for o in user_overrides() if o.lstrip("+~").split(".")[0] in ("engine", "baseline", "candidate")]
+    if flagged:
+        raise ConfigError(f"backend=endpoint measures servers you already run: it cannot set their flags "
+                          f"({', '.join(flagged)}); start each server with the flags you want and name it by "
+                          "URL (endpoint.url, endpoint.baseline_url, endpoint.candidate_url)")
+    ep = plain(cfg.endpoint)
+    arms = {}
+    for key in ARMS_OF[cfg.mode]:
+        source = key if ep.get(key) is not None or key == "url" else "url"
+        if ep.get(source) is None:
+            raise ConfigError(f"backend=endpoint needs endpoint.{key}=URL (or endpoint.url=URL for both arms)"
+                              if key != "url" else "backend=endpoint needs endpoint.url=URL: the server to measure")
+        listed = check_endpoint(ep[source], key=f"endpoint.{source}", api_key_env=ep["api_key_env"])
+        model = ep["model"] or listed
+        arms[key.removesuffix("_url") if key != "url" else "measure"] = {"url": ep[source], "model": model}
+    return arms
+
+
+def user_overrides() -> list[str]:
+    """The command line's key=value overrides (Hydra's), or none outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
 
 
 def warm_engines_from(cfg: DictConfig) -> dict[str, Any]:

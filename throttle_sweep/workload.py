@@ -277,16 +277,17 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
         produced = 0
         for event in events:
             timing = timings[event.request_id]
+            at = now if event.at_s is None else event.at_s
             if event.output_tokens > timing.output_tokens:
                 produced += event.output_tokens - timing.output_tokens
-                timing.token_times.append(now)
+                timing.token_times.append(at)
             timing.output_tokens = event.output_tokens
             if event.prompt_tokens:
                 timing.prompt_tokens = event.prompt_tokens
             if timing.first_token_s is None and event.output_tokens > 0:
-                timing.first_token_s = now
+                timing.first_token_s = at
             if event.finished:
-                timing.finished_s = now
+                timing.finished_s = at
                 in_flight -= 1
         steps.append(Step(now, began_with, produced))
     full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0

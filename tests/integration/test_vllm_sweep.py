@@ -57,12 +57,12 @@ def test_the_probed_boundary_is_the_one_bare_vllm_shows(tmp_path):
     bare LLM.generate runs of the same work confirm (no preemption at the last clean value, some at the next);
     nothing past it is measured, and the winner is feasible."""
     work = {"requests": 12, "prompt_len": 32, "output_len": 128}
-    # 3 confirmation replicates per arm: with 2, the drift-aware fit has 1 degree of freedom (t = 12.7) and a
+    # 4 confirmation replicates per arm (abba needs an even number): with 2, the drift-aware fit has 1 degree of freedom (t = 12.7) and a
     # loaded CI machine (26% between two runs of one arm) left the winner's interval at [0.065, 1.162]
     cfg = compose_cfg("+space=batching", "study.name=edge", "study.n_trials=1", "study.sampler=grid",
                       "space.max_num_seqs.low=2", "space.max_num_seqs.high=12", "space.max_num_seqs.log=false",
                       "~space.max_num_batched_tokens", "engine.kv_cache_memory_bytes=2097152", "engine.max_model_len=256",
-                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=3",
+                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=4",
                       f"workload.num_requests={work['requests']}", f"workload.prompt_len={work['prompt_len']}",
                       f"workload.output_len={work['output_len']}", "workload.concurrency=12",
                       "workload.warmup_requests=0", "plots=false", tmp_path=tmp_path)

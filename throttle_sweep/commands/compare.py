@@ -20,6 +20,7 @@ from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_war
 from throttle_sweep.settings import (
     arm_flags,
     concurrency_note,
+    endpoint_arms,
     engine_from,
     plain,
     preflight,
@@ -58,10 +59,14 @@ def cost_basis_from(cfg: DictConfig) -> str:
 def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine, thresholds = price_from(cfg), workload_from(cfg), engine_from(cfg), thresholds_from(cfg)
     basis, warm = cost_basis_from(cfg), warm_engines_from(cfg)
-    base = plain(cfg.engine)
-    arms = {BASELINE: arm_flags(base, plain(cfg.baseline)), CANDIDATE: arm_flags(base, plain(cfg.candidate))}
+    if cfg.backend == "endpoint":  # two servers the user runs, by URL, each checked to answer
+        arms = endpoint_arms(cfg)
+    else:
+        base = plain(cfg.engine)
+        arms = {BASELINE: arm_flags(base, plain(cfg.baseline)), CANDIDATE: arm_flags(base, plain(cfg.candidate))}
+        for arm, flags in arms.items():
+            preflight(engine, flags, spec, source=arm)
     for arm, flags in arms.items():
-        preflight(engine, flags, spec, source=arm)
         if (note := concurrency_note(flags, spec, source=arm)) is not None:
             console.print(f"[yellow]note:[/] {note}", highlight=False)
     order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed, lead=cfg.compare.lead)

@@ -13,6 +13,7 @@ from throttle_sweep.runlock import hold
 from throttle_sweep.settings import (
     arm_flags,
     concurrency_note,
+    endpoint_arms,
     engine_from,
     plain,
     preflight,
@@ -24,8 +25,11 @@ from throttle_sweep.settings import (
 
 def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
-    flags = arm_flags(plain(cfg.engine))
-    preflight(engine, flags, spec, source="engine")
+    if cfg.backend == "endpoint":  # a server the user runs: its URL, checked to answer
+        flags = endpoint_arms(cfg)["measure"]
+    else:
+        flags = arm_flags(plain(cfg.engine))
+        preflight(engine, flags, spec, source="engine")
     if (note := concurrency_note(flags, spec, source="engine")) is not None:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     out = run_dir(cfg)

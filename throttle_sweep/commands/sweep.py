@@ -34,6 +34,7 @@ from throttle_sweep.search.space import build_space, grid
 from throttle_sweep.settings import (
     arm_flags,
     concurrency_note,
+    endpoint_arms,
     engine_from,
     folder_name,
     plain,
@@ -119,6 +120,8 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
 def run(cfg: DictConfig, console: Console) -> int:
     if cfg.space is None:
         raise ConfigError("a sweep needs a search space: add +space=batching (or memory, scheduler, or your own)")
+    if cfg.backend == "endpoint":
+        endpoint_arms(cfg)  # refuses: a sweep sets flags, and a server someone else runs takes none
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
     settings = settings_from(cfg)
     warm_engines_from(cfg)  # checked before anything starts

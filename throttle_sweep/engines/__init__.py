@@ -1,4 +1,4 @@
-"""Engines: the interface measurement needs, vLLM in-process, and a fake for fast tests."""
+"""Engines: the interface measurement needs, vLLM in-process, vLLM's API server, and a fake for fast tests."""
 
 from __future__ import annotations
 
@@ -10,11 +10,27 @@ __all__ = ["Engine", "EngineSession", "FakeEngine", "FakeKnobs", "Request", "Ste
            "make_engine"]
 
 
-def make_engine(kind: str, *, fake_knobs: FakeKnobs | None = None) -> Engine:
+BACKENDS = ("vllm", "server", "endpoint", "fake")
+
+
+def make_engine(kind: str, *, fake_knobs: FakeKnobs | None = None, server: dict | None = None,
+                endpoint: dict | None = None) -> Engine:
+    """`server`: the server engine's options (log_dir, start_timeout_s, stop_grace_s, request_timeout_s);
+    `endpoint`: api_key_env and request_timeout_s for servers the user runs."""
     if kind == "vllm":
         return VllmInprocEngine()
+    if kind == "server":
+        from throttle_sweep.engines.vllm_server import VllmServerEngine
+
+        return VllmServerEngine(**(server or {}))
+    if kind == "endpoint":
+        from throttle_sweep.engines.endpoint import EndpointEngine
+
+        options = endpoint or {}
+        return EndpointEngine(api_key_env=options.get("api_key_env"),
+                              request_timeout_s=options.get("request_timeout_s", 600.0))
     if kind == "fake":
         return FakeEngine(fake_knobs)
     from throttle_sweep.errors import ConfigError
 
-    raise ConfigError(f"backend must be one of 'vllm', 'fake', but got {kind!r}")
+    raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, but got {kind!r}")

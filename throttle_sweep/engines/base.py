@@ -35,6 +35,7 @@ class StepEvent:
     output_tokens: int
     finished: bool
     prompt_tokens: int = 0
+    at_s: float | None = None  # when it happened on the session's clock, if not the step's end (HTTP chunks)
 
 
 class EngineSession(Protocol):

