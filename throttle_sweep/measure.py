@@ -170,6 +170,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
                           "block_size": getattr(session, "kv_block_size", None)}
     if (log := getattr(session, "log_path", None)) is not None:  # a server's own log (backend=server)
         record["server_log"] = str(log)
+    if (core := getattr(session, "engine_core", None)) is not None:  # in-process | multiprocess (vLLM's own)
+        record["engine_core"] = core
     try:
         warmup = make_requests(spec, warmup=True) if cold else []
         record["warmup_requests"] = len(warmup)

@@ -112,3 +112,29 @@ def test_steady_cost_against_max_num_seqs_has_no_wave_step(engine):
     assert all(r["steady"]["drain_share"] < 0.02 for n in (32, 64) for r in runs[n])  # whole waves: no drain
     assert fixed[48] / steady[48] > 1.005 > max(fixed[n] / steady[n] for n in (32, 64)) - 0.005
     assert steady[48] < 1.10 * max(steady[32], steady[64]), steady  # and not in the steady cost
+
+
+def test_the_multiprocess_engine_core_measures_the_same_work_and_preemptions(tmp_path):
+    """vLLM's multiprocess engine core (a GPU build's default; VLLM_ENABLE_V1_MULTIPROCESSING=1 here): the
+    session reads KV usage and preemptions from vLLM's public metrics, and counts what the in-process core
+    counts for the same fixed work (12 requests of 32+128 tokens, 2 MiB of KV, max_num_seqs=12)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    work = ["mode=measure", f"results_dir={tmp_path}", "engine.kv_cache_memory_bytes=2097152",
+            "engine.max_model_len=256", "engine.max_num_seqs=12", "workload.num_requests=12",
+            "workload.prompt_len=32", "workload.output_len=128", "workload.concurrency=12", "workload.warmup_requests=0"]
+    records = {}
+    for mp in ("1", "0"):
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": mp}
+        done = subprocess.run([sys.executable, "-m", "throttle_sweep", *work, f"run=mp{mp}"], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        records[mp] = json.loads((tmp_path / f"mp{mp}" / "replicates.jsonl").read_text().splitlines()[-1])
+    multi, inproc = records["1"], records["0"]
+    assert (multi["engine_core"], inproc["engine_core"]) == ("multiprocess", "in-process")
+    assert multi["status"] == "ok" and multi["output_tokens"] == 12 * 128
+    assert multi["preemptions"] == inproc["preemptions"] > 0
+    assert multi["kv_cache"] == inproc["kv_cache"] and multi["peak_kv_cache_usage"] > 0.5

@@ -20,15 +20,19 @@ from throttle_sweep.engines.flags import vllm_flag_schema
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.models import TINY_QWEN2
 
-# vLLM's CPU build: keep the engine core in this process (fast restarts, one writer, no orphans),
-# don't pin OpenMP threads to cores another process may own, and don't oversubscribe 2 cores.
+# vLLM's CPU build only: keep the engine core in this process (fast restarts, one writer, no orphans),
+# don't pin OpenMP threads to cores another process may own, and don't oversubscribe 2 cores. A GPU build
+# keeps vLLM's own defaults (its multiprocess engine core, as production runs it).
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
+}
+QUIET_ENV = {  # every build
     "VLLM_LOGGING_LEVEL": "ERROR",  # our results are the output; set VLLM_LOGGING_LEVEL=INFO to see vLLM
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's C++ warnings (a NUMA-binding line per engine start)
 }
+KV_SAMPLE_S = 0.1  # with a multiprocess engine core, KV usage is read from vLLM's metrics at most this often
 
 
 DEFAULTED = "THROTTLE_SWEEP_DEFAULTED"  # the variables prepare_environment set (not the user), inherited by children
@@ -38,7 +42,7 @@ def prepare_environment() -> None:
     """Set vLLM's CPU environment defaults before vllm is imported (a user's own values win)."""
     asked = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR") != "ERROR"  # the one switch that turns the noise on
     defaulted = set(filter(None, os.environ.get(DEFAULTED, "").split(",")))
-    for key, value in CPU_ENV.items():
+    for key, value in {**(CPU_ENV if cpu_build() else {}), **QUIET_ENV}.items():
         if not (asked and key == "TORCH_CPP_LOG_LEVEL") and key not in os.environ:
             os.environ[key] = value
             defaulted.add(key)
@@ -85,7 +89,12 @@ class VllmSession:
         self._delta = RequestOutputKind.DELTA  # only new tokens per step: no per-step copies of whole outputs
         self._produced: dict[str, int] = {}
         self._engine = llm.llm_engine
-        self._scheduler = self._engine.engine_core.engine_core.scheduler
+        # the scheduler is in reach only with the engine core in this process (the CPU build's default); with
+        # vLLM's multiprocess engine core (a GPU build's default), KV usage comes from vLLM's own metrics
+        core = getattr(self._engine.engine_core, "engine_core", None)
+        self._scheduler = getattr(core, "scheduler", None)
+        self.engine_core = "in-process" if self._scheduler is not None else "multiprocess"
+        self._kv_read_at, self._kv_usage = -float("inf"), 0.0
         self._sampling = SamplingParams
         self.start_seconds = 0.0
         try:  # the engine's own value when the flag was left to vLLM's default
@@ -141,7 +150,14 @@ class VllmSession:
         return self._engine.has_unfinished_requests()
 
     def kv_cache_usage(self) -> float:
-        return float(self._scheduler.kv_cache_manager.usage)
+        if self._scheduler is not None:
+            return float(self._scheduler.kv_cache_manager.usage)
+        now = time.perf_counter()
+        if now - self._kv_read_at >= KV_SAMPLE_S:  # reading the metrics costs milliseconds: not every step
+            self._kv_read_at = now
+            self._kv_usage = float(max((m.value for m in self.llm.get_metrics()
+                                        if m.name == "vllm:kv_cache_usage_perc"), default=0.0))
+        return self._kv_usage
 
     def preemptions(self) -> int:
         return self._counter("vllm:num_preemptions")
