@@ -48,7 +48,8 @@ class StubServer:
                     text = (f'vllm:num_preemptions_total{{engine="0"}} {stub.behaviour.preemptions}.0\n'
                             'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
                             '# HELP vllm:prefix_cache_hits_total hits\nvllm:prefix_cache_hits_total 3.0\n'
-                            "vllm:prefix_cache_queries_total 12.0\n")
+                            "vllm:prefix_cache_queries_total 12.0\n"
+                            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="101"} 1.0\n')
                     self._send(200, text.encode())
                 else:
                     self._send(404, b"")
@@ -82,7 +83,8 @@ class StubServer:
                     self.wfile.flush()
                     if b.chunk_delay_s:
                         time.sleep(b.chunk_delay_s)
-                self.wfile.write(b"data: [DONE]\n\n")
+                final = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": sent + b.usage_extra}}
+                self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())  # as vLLM ends
 
             def _send(self, code: int, data: bytes) -> None:
                 self.send_response(code)
@@ -102,3 +104,17 @@ class StubServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def main() -> None:
+    """`python -m tests.stub_openai PORT_FILE [TOKENS_PER_CHUNK]`: serve until killed; the URL goes to PORT_FILE."""
+    import sys
+
+    server = StubServer(Behaviour(tokens_per_chunk=int(sys.argv[2]) if len(sys.argv) > 2 else 1))
+    with open(sys.argv[1], "w") as f:
+        f.write(server.url)
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -172,6 +172,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         record["server_log"] = str(log)
     if (core := getattr(session, "engine_core", None)) is not None:  # in-process | multiprocess (vLLM's own)
         record["engine_core"] = core
+    if getattr(session, "prefix_cache_reset", None) is not None:  # did the warm server's cache reset work
+        record["prefix_cache_reset"] = session.prefix_cache_reset
     try:
         warmup = make_requests(spec, warmup=True) if cold else []
         record["warmup_requests"] = len(warmup)

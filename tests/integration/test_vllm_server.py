@@ -21,6 +21,7 @@ from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.cost import Price
+from throttle_sweep.engines import VllmInprocEngine
 from throttle_sweep.engines.vllm_server import VllmServerEngine, port_is_free
 from throttle_sweep.measure import measure_on
 from throttle_sweep.records import read_records
@@ -56,6 +57,9 @@ def test_a_warm_server_counts_the_same_preemptions_every_replicate_and_is_gone_a
     assert records[0]["preemptions"] == records[1]["preemptions"] > 0
     assert all(r["output_tokens"] == 12 * 128 and r["requests_wrong_length"] == 0 for r in records)
     assert session.prefix_cache_reset is True
+    alone = VllmInprocEngine().start({**EDGE, "max_num_seqs": 12})  # the KV capacity vLLM reports in-process
+    alone.close()
+    assert records[0]["kv_cache"] == {"blocks": alone.kv_blocks, "block_size": alone.kv_block_size}
     assert not psutil.pid_exists(pid) and pid not in servers_running() and port_is_free(port)
 
 

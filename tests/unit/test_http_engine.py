@@ -34,6 +34,8 @@ def test_tokens_are_counted_not_chunks():
         try:
             result = drive(session, requests(6, 10), loop="closed", concurrency=3)
             assert session.preemptions() == 0 and session.prefix_cache() == (12, 3)
+            session.read_kv_capacity()
+            assert (session.kv_block_size, session.kv_blocks) == (16, 100)  # less the null block
         finally:
             session.close()
     assert [t.output_tokens for t in result.timings] == [10] * 6

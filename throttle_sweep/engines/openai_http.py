@@ -11,8 +11,10 @@ A chunk can carry several tokens: tokens are counted from the server's running `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -41,6 +43,16 @@ def parse_metrics(text: str) -> dict[str, float]:
         except ValueError:
             continue
     return out
+
+
+def metric_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of metric `name`'s first sample (vLLM's `vllm:cache_config_info` carries its KV cache
+    configuration as labels): {} if absent."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            body = line[len(name) + 1: line.rindex("}")]
+            return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', body))
+    return {}
 
 
 @dataclass(frozen=True)
@@ -193,13 +205,26 @@ class HttpSession:
     def kv_cache_usage(self) -> float:
         return self._kv_peak
 
-    def metrics(self) -> dict[str, float]:
+    def metrics_text(self) -> str:
         try:
             response = self._control.get("/metrics")
             response.raise_for_status()
         except httpx.HTTPError as exc:
             raise EngineRunError(self.explain(f"cannot read {self.base_url}/metrics: {type(exc).__name__}: {exc}")) from None
-        return parse_metrics(response.text)
+        return response.text
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.metrics_text())
+
+    def read_kv_capacity(self) -> None:
+        """KV blocks (less vLLM's null block, as the in-process engine counts them) and tokens per block, from
+        the server's `vllm:cache_config_info`; left None where it does not say."""
+        labels = metric_labels(self.metrics_text(), "vllm:cache_config_info")
+        with contextlib.suppress(KeyError, ValueError):
+            self.kv_block_size = int(labels["block_size"])
+        with contextlib.suppress(KeyError, ValueError):
+            blocks = int(labels["num_gpu_blocks"])
+            self.kv_blocks = blocks - 1 if blocks > 1 else None
 
     def preemptions(self) -> int:
         return int(self.metrics().get("vllm:num_preemptions_total", 0))
@@ -237,6 +262,7 @@ class HttpSession:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._client.aclose()
+        await asyncio.get_running_loop().shutdown_asyncgens()  # the streams' line iterators, finalised here
 
     def close(self) -> None:
         try:

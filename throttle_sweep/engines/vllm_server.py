@@ -183,7 +183,7 @@ class VllmServerEngine(VllmInprocEngine):
                                 request_timeout_s=self.request_timeout_s, stop_grace_s=self.stop_grace_s)
         session.start_seconds = time.perf_counter() - began
         session.max_num_seqs = resolved.get("max_num_seqs")
-        session.kv_block_size, session.kv_blocks = kv_capacity(log_path, resolved.get("block_size"))
+        session.read_kv_capacity()
         return session
 
     def environment(self) -> dict[str, Any]:
@@ -234,15 +234,3 @@ def wait_healthy(process: subprocess.Popen, port: int, log_path: Path, timeout_s
                                        f"(server.start_timeout_s); server log {log_path}, last lines:\n"
                                        f"{log_tail(log_path)}")
             time.sleep(0.25)
-
-
-def kv_capacity(log_path: Path, block_size: int | None) -> tuple[int | None, int | None]:
-    """(block size, usable blocks) from the server's "KV cache size: N tokens" line, when the block size is
-    known (the flag); the in-process engine reads both from vLLM itself and leaves out the null block."""
-    import re
-
-    match = re.search(r"KV cache size: ([\d,]+) tokens", log_path.read_text(errors="replace"))
-    if match is None or not block_size:
-        return block_size, None
-    blocks = int(match.group(1).replace(",", "")) // block_size
-    return block_size, blocks - 1 if blocks > 1 else None
