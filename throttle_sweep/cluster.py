@@ -222,7 +222,7 @@ class RayPool:
         where = self.placement.get(pending.slot, {})
         why = (f"no answer from slot {pending.slot} within {waited:.0f}s (the engine hung, or its node "
                f"{where.get('node_ip', '?')} cannot be reached); its actor was ended")
-        record = failed_record(self._lost_header(pending), why, stage="run", infrastructure=True)
+        record = failed_record(self._lost_header(pending), why, failed_at="run", infrastructure=True)
         placed, _ = self._ray.wait([pending.ping], timeout=0)
         if not placed:  # the actor never answered the ping: it cannot be placed or started
             self._end_actor(pending.slot)
@@ -248,16 +248,16 @@ class RayPool:
         header = self._lost_header(pending)
         if not node_alive:
             node = f"{where.get('node_ip')} ({str(where.get('node_id'))[:8]})"
-            record = failed_record(header, f"node {node} died under slot {slot} ({cause})", stage="run",
+            record = failed_record(header, f"node {node} died under slot {slot} ({cause})", failed_at="run",
                                    infrastructure=True)
         elif isinstance(exc, self._ray.exceptions.OutOfMemoryError) or "memory monitor" in str(exc):
             record = failed_record(header, f"Ray's memory monitor killed slot {slot}'s engine process, which may "
-                                   f"not be this replicate's doing ({cause})", stage="run", infrastructure=True)
+                                   f"not be this replicate's doing ({cause})", failed_at="run", infrastructure=True)
         elif self._died_idle(pending):
             record = failed_record(header, f"slot {slot}'s engine process was already dead when this replicate "
-                                   f"was handed to it ({cause})", stage="run", infrastructure=True)
+                                   f"was handed to it ({cause})", failed_at="run", infrastructure=True)
         else:
-            record = failed_record(header, f"the engine's process died mid-replicate ({cause})", stage="run")
+            record = failed_record(header, f"the engine's process died mid-replicate ({cause})", failed_at="run")
         self._replace(slot, node_alive=node_alive)
         return record
 

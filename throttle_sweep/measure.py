@@ -147,10 +147,10 @@ def measure_replicate(
         record["engine_start_s"] = session.start_seconds
         measure_on(session, flags, spec, price, record)
     except EngineStartError as exc:
-        record.update(status="failed", reason=str(exc), stage="start")
+        record.update(status="failed", reason=str(exc), failed_at="start")
     except Exception as exc:  # an engine bug must not take the caller down; keep its trace in the record
         record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=8),
-                      stage="start")
+                      failed_at="start")
     finally:
         if session is not None:
             try:
@@ -201,10 +201,10 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
                 f"{wrong.request_id}: {wrong.output_tokens} of {wrong.output_len} tokens; cut short by "
                 "max_model_len?): not the fixed work asked for"))
     except EngineRunError as exc:
-        record.update(status="failed", reason=str(exc), stage="run")
+        record.update(status="failed", reason=str(exc), failed_at="run")
     except Exception as exc:  # an engine bug must not take the sweep down; keep its trace in the record
         record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=8),
-                      stage="run")
+                      failed_at="run")
     return record
 
 

@@ -159,6 +159,15 @@ def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: st
     return None
 
 
+def few_replicates_note(replicates: int, *, key: str) -> str | None:
+    """Two runs per arm leave the drift-aware fit (intercept, arm, drift) one degree of freedom: say so before
+    measuring, since such an interval decides only huge differences measured with very little noise."""
+    if replicates != 2:
+        return None
+    return (f"{key}=2: with 2 runs per arm the drift-aware interval has 1 degree of freedom (t = 12.7 at 95%), "
+            "so only a very large difference measured with very little noise can be decided; 4 or more is advised")
+
+
 def run_dir(cfg: DictConfig, default_name: str | None = None) -> Path:
     name = cfg.run or default_name or f"{cfg.mode}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     return Path(cfg.results_dir) / folder_name(name, key="run")

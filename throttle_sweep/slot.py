@@ -98,7 +98,7 @@ class WarmSlot:
         """The engine's process died: the replicate fails, and the next one gets a new process."""
         self.hosts.remove(host)
         host.close(grace_s=1.0)
-        return failed_record(header, str(exc), stage="run", engine_process=host.pid)
+        return failed_record(header, str(exc), failed_at="run", engine_process=host.pid)
 
     @property
     def sleeps(self) -> bool:

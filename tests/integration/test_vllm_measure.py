@@ -70,7 +70,7 @@ def test_eight_in_flight_is_clearly_cheaper_than_one(engine):
 
 def test_engine_that_cannot_start_yields_a_failed_record_with_vllms_reason(engine):
     record = measure(engine, {"max_num_seqs": 8, "kv_cache_memory_bytes": 4096, "max_model_len": 1024})
-    assert record["status"] == "failed" and record["stage"] == "start"
+    assert record["status"] == "failed" and record["failed_at"] == "start"
     assert "cache" in record["reason"].lower()
     # and the process can start a good engine right after
     assert measure(engine, {"max_num_seqs": 2})["status"] == "ok"

@@ -87,7 +87,7 @@ def test_a_server_killed_mid_replicate_fails_that_replicate_quoting_its_log(tmp_
     finally:
         killer.join()
         session.close()
-    assert record["status"] == "failed" and record["stage"] == "run"
+    assert record["status"] == "failed" and record["failed_at"] == "run"
     assert "server log" in record["reason"] and str(session.log_path) in record["reason"]
     assert time.monotonic() - began < 60  # reported, not hung on the dead server's streams
     assert port_is_free(session.port) and not servers_running()
@@ -139,3 +139,17 @@ def test_an_endpoint_compare_between_two_servers_someone_runs(tmp_path):
     records = read_records(tmp_path / "e" / "replicates.jsonl")
     assert {r["flags"]["url"] for r in records if r["arm"] == "candidate"} == {eight.base_url}
     assert all(r["environment"]["engine"] == "endpoint" and r["output_tokens"] == 16 * 32 for r in records)
+
+
+def test_a_sweep_on_a_ray_slot_serves_through_the_api_server(tmp_path):
+    """The same switch on Ray: the slot's actor starts the engine process, which starts the server."""
+    cfg = compose_cfg(*SMALL, "+space=batching", "study.name=rs", "study.n_trials=1", "study.sampler=grid",
+                      "space.max_num_seqs.low=8", "space.max_num_seqs.high=8", "space.max_num_seqs.log=false",
+                      "~space.max_num_batched_tokens", "study.boundary=none", "compare.restart=never",
+                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=2",
+                      "ray.enabled=true", "ray.cpu_slots=1", "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    records = read_records(tmp_path / "rs" / "replicates.jsonl")
+    assert records and all(r["status"] == "ok" and r["environment"]["engine"] == "vllm-server" for r in records)
+    assert {r["slot"] for r in records} == {"ray-0"} and len({r["server_log"] for r in records}) == 2
+    assert not servers_running()

@@ -134,3 +134,15 @@ def test_compare_refuses_bad_input_before_measuring(tmp_path, monkeypatch):
                               ("compare.alpha=0", "compare.alpha must be in")]:
         with pytest.raises(ConfigError, match=message):
             compare_cmd.run(compose_cfg("backend=fake", override, tmp_path=tmp_path), Console(quiet=True))
+
+
+@pytest.mark.parametrize("replicates", [2, 4])
+def test_two_runs_per_arm_are_flagged_before_anything_is_measured(tmp_path, replicates):
+    console = Console(record=True, width=400)
+    cfg = compose_cfg(*NOISY, "run=two", f"compare.replicates={replicates}", tmp_path=tmp_path)
+    assert compare_cmd.run(cfg, console) == 0
+    text = console.export_text()
+    note = "compare.replicates=2: with 2 runs per arm the drift-aware interval has 1 degree of freedom"
+    assert (note in text) == (replicates == 2)
+    if replicates == 2:
+        assert text.index(note) < text.index("compare ")  # said before the first run

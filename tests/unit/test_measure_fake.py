@@ -41,13 +41,13 @@ def test_more_sequences_in_flight_is_cheaper_until_the_cache_runs_out():
 
 def test_engine_that_fails_to_start_gives_a_failed_record():
     record = measure({"max_num_seqs": 64}, FakeKnobs(fail_start_when={"max_num_seqs": 32}))
-    assert record["status"] == "failed" and record["stage"] == "start"
+    assert record["status"] == "failed" and record["failed_at"] == "start"
     assert "max_num_seqs=64" in record["reason"]
 
 
 def test_engine_that_dies_mid_run_gives_a_failed_record():
     record = measure({"max_num_seqs": 8}, FakeKnobs(crash_after_steps=5))
-    assert record["status"] == "failed" and record["stage"] == "run"
+    assert record["status"] == "failed" and record["failed_at"] == "run"
     assert "crashed after 5 steps" in record["reason"]
 
 

@@ -56,7 +56,7 @@ def lost(reason="node 10.0.0.2 died under slot 0"):
 
 
 def failed(reason):
-    return {"status": "failed", "reason": reason, "stage": "start"}
+    return {"status": "failed", "reason": reason, "failed_at": "start"}
 
 
 def make_sweep(study, pool, records, *, n_trials=3, grid=None, high=8):

@@ -22,6 +22,7 @@ from throttle_sweep.settings import (
     concurrency_note,
     endpoint_arms,
     engine_from,
+    few_replicates_note,
     plain,
     preflight,
     price_from,
@@ -70,6 +71,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         if (note := concurrency_note(flags, spec, source=arm)) is not None:
             console.print(f"[yellow]note:[/] {note}", highlight=False)
     order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed, lead=cfg.compare.lead)
+    if (note := few_replicates_note(cfg.compare.replicates, key="compare.replicates")) is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     if cfg.compare.warmup_replicate:
         order = with_warmup(order)
     out = run_dir(cfg)

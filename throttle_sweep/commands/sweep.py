@@ -36,6 +36,7 @@ from throttle_sweep.settings import (
     concurrency_note,
     endpoint_arms,
     engine_from,
+    few_replicates_note,
     folder_name,
     plain,
     preflight,
@@ -135,6 +136,8 @@ def run(cfg: DictConfig, console: Console) -> int:
     for flag, dist in distributions.items():  # the extremes of the space must pass the same checks
         for value in _extremes(dist):
             preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
+    if (note := few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates")) is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)  # the winner's interval is a confirmation's
     if "max_num_seqs" in distributions:
         top = _extremes(distributions["max_num_seqs"])[-1]
         if (note := concurrency_note({"max_num_seqs": top}, spec, source=source, what="the top of ")) is not None:

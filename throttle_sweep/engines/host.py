@@ -224,10 +224,10 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
         try:
             session = engine.start({**task.flags, "enable_sleep_mode": True} if task.sleep_mode else task.flags)
         except EngineStartError as exc:
-            record.update(status="failed", reason=str(exc), stage="start", ended_at=now_iso())
+            record.update(status="failed", reason=str(exc), failed_at="start", ended_at=now_iso())
             return None
         except Exception as exc:  # noqa: BLE001 - an engine bug fails the replicate, not the process
-            record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", stage="start", ended_at=now_iso())
+            record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", failed_at="start", ended_at=now_iso())
             return None
         life = Lifetime(session, key, uuid.uuid4().hex[:12], session.start_seconds)
         record["engine_start_s"] = session.start_seconds
@@ -243,7 +243,7 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
             life.warm = True
             if warm["status"] != "ok":
                 record.update(status="failed", reason=f"the engine's warm-up run failed: {warm['reason']}",
-                              stage=warm.get("stage", "run"), ended_at=now_iso())
+                              failed_at=warm.get("failed_at", "run"), ended_at=now_iso())
                 close_quietly(life, record)
                 return None
     else:
@@ -254,7 +254,7 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
                 life.session.wake()
             except Exception as exc:  # noqa: BLE001 - a failed wake-up fails the replicate and ends the engine
                 record.update(status="failed", reason=f"the engine did not wake: {type(exc).__name__}: {exc}",
-                              stage="start", ended_at=now_iso(), infrastructure=True)  # the GPU's, not the flags'
+                              failed_at="start", ended_at=now_iso(), infrastructure=True)  # the GPU's, not the flags'
 
                 close_quietly(life, record)
                 return None
