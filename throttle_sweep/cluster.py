@@ -238,9 +238,10 @@ class RayPool:
         return header
 
     def _lost(self, pending: Pending, exc: Exception) -> dict[str, Any]:
-        """The actor under a replicate died: say why and who is to blame in a record, then replace or retire
-        the slot. Only an engine process that died under the replicate on a live node, not killed by Ray for
-        memory, can be the flags' doing; anything else is the slot's (infrastructure)."""
+        """The actor under a replicate died: say why in a record, then replace or retire the slot. It is always
+        the slot's loss (infrastructure): the actor runs no engine itself (its engine processes are its
+        children, and an engine that dies there comes back as the flags' failed record), so the actor's own
+        death is something else's doing: a kill, its node, Ray's memory monitor."""
         slot, where = pending.slot, self.placement.get(pending.slot, {})
         node_alive = self._node_alive(where.get("node_id"), exc)
         said = str(exc).strip().splitlines() or [type(exc).__name__]
@@ -257,7 +258,9 @@ class RayPool:
             record = failed_record(header, f"slot {slot}'s engine process was already dead when this replicate "
                                    f"was handed to it ({cause})", failed_at="run", infrastructure=True)
         else:
-            record = failed_record(header, f"the engine's process died mid-replicate ({cause})", failed_at="run")
+            record = failed_record(header, f"slot {slot}'s actor process died mid-replicate ({cause}); it runs no "
+                                   "engine itself, so this is the slot's loss, not the flags'", failed_at="run",
+                                   infrastructure=True)
         self._replace(slot, node_alive=node_alive)
         return record
 

@@ -129,7 +129,9 @@ def test_two_node_cluster_runs_four_trials_at_once_and_agrees_with_one_slot(clus
         sorted(t.params["max_num_seqs"] for t in single.trials if t.state == TrialState.COMPLETE)
 
 
-def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluster, tmp_path):
+def test_actor_killed_mid_replicate_is_the_slots_loss_and_is_replaced(cluster, tmp_path):
+    """The actor only hands replicates to its engine processes (its children), so its own death is never
+    the flags' doing: the replicate is the slot's loss, the comparison is measured again, no trial fails."""
     victims = []
 
     def kill_a_measuring_actor():
@@ -151,14 +153,10 @@ def test_actor_killed_mid_replicate_fails_that_trial_only_and_is_replaced(cluste
     lost = [r for r in records if r["status"] == "failed"]
     assert len(lost) == 1 and "process died" in lost[0]["reason"] and lost[0]["placement"]["pid"] == victim
     assert "died mid-replicate" in lost[0]["reason"] and killed_at > lost[0]["started_at"]  # not "already dead"
-    failed = [t for t in study.trials if t.state == TrialState.FAIL]
-    if lost[0]["arm"] == "candidate":  # the candidate's engine died under it: its trial fails, blamed on it
-        assert len(failed) == 1 and "process died" in failed[0].user_attrs["reason"]
-        assert failed[0].user_attrs["blame"] == "candidate"
-        assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 7
-    else:  # the baseline's: not the candidate's doing, so that comparison starts again and the trial completes
-        assert not failed and sum(t.state == TrialState.COMPLETE for t in study.trials) == 8
-        assert any(lost[0]["comparison"] in t.user_attrs.get("discarded_comparisons", []) for t in study.trials)
+    assert lost[0]["infrastructure"] is True  # whichever arm it was measuring
+    assert not [t for t in study.trials if t.state == TrialState.FAIL]
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 8
+    assert any(lost[0]["comparison"] in t.user_attrs.get("discarded_comparisons", []) for t in study.trials)
     assert any(r["slot"] == lost[0]["slot"] and r["placement"]["pid"] != victim for r in records), \
         "the slot should have gone on with a new actor"
     assert_complete_comparisons(study, records)
