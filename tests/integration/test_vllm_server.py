@@ -153,3 +153,32 @@ def test_a_sweep_on_a_ray_slot_serves_through_the_api_server(tmp_path):
     assert records and all(r["status"] == "ok" and r["environment"]["engine"] == "vllm-server" for r in records)
     assert {r["slot"] for r in records} == {"ray-0"} and len({r["server_log"] for r in records}) == 2
     assert not servers_running()
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried_on_another(tmp_path, monkeypatch):
+    import socket
+
+    from throttle_sweep.engines import vllm_server
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    monkeypatch.setattr(vllm_server, "free_port", lambda: next(ports, None) or free_port_of_os())
+    try:
+        session = VllmServerEngine(log_dir=tmp_path / "logs", start_timeout_s=300).start({**EDGE, "max_num_seqs": 2})
+    finally:
+        squatter.close()
+    session.close()
+    assert session.port != taken
+    first = [p for p in (tmp_path / "logs").iterdir() if p.name.endswith(f"-{taken}.log")]
+    assert first and "address already in use" in first[0].read_text().lower()
+
+
+def free_port_of_os() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
