@@ -57,9 +57,14 @@ def test_a_warm_server_counts_the_same_preemptions_every_replicate_and_is_gone_a
     assert records[0]["preemptions"] == records[1]["preemptions"] > 0
     assert all(r["output_tokens"] == 12 * 128 and r["requests_wrong_length"] == 0 for r in records)
     assert session.prefix_cache_reset is True
-    alone = VllmInprocEngine().start({**EDGE, "max_num_seqs": 12})  # the KV capacity vLLM reports in-process
-    alone.close()
-    assert records[0]["kv_cache"] == {"blocks": alone.kv_blocks, "block_size": alone.kv_block_size}
+    alone = VllmInprocEngine().start({**EDGE, "max_num_seqs": 12})  # the same work on the in-process engine
+    try:
+        inproc = measure_on(alone, {"max_num_seqs": 12}, spec, Price(1.39, 1), {})
+    finally:
+        alone.close()
+    assert records[0]["kv_cache"] == inproc["kv_cache"] and records[0]["kv_cache"]["blocks"]
+    assert records[0]["preemptions"] == inproc["preemptions"]
+    assert all(r["peak_kv_cache_usage"] > 0.5 for r in records)  # sampled from /metrics while it ran
     assert not psutil.pid_exists(pid) and pid not in servers_running() and port_is_free(port)
 
 

@@ -33,6 +33,7 @@ def test_tokens_are_counted_not_chunks():
         session = HttpSession(stub.url, "m")
         try:
             result = drive(session, requests(6, 10), loop="closed", concurrency=3)
+            assert result.peak_kv_cache_usage == 0.25 and session.kv_cache_usage() == 0.0  # nothing carried over
             assert session.preemptions() == 0 and session.prefix_cache() == (12, 3)
             session.read_kv_capacity()
             assert (session.kv_block_size, session.kv_blocks) == (16, 100)  # less the null block

@@ -28,6 +28,7 @@ from throttle_sweep.errors import EngineRunError
 
 WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still there
 KV_SAMPLE_S = 0.2  # KV-cache usage is sampled from /metrics this often while requests are in flight
+SETTLE_S = 0.05  # between two reads of a counter that must agree
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -203,7 +204,10 @@ class HttpSession:
         return self._open > 0
 
     def kv_cache_usage(self) -> float:
-        return self._kv_peak
+        """The highest KV usage sampled since the last call (the driver keeps the peak of a run; a warm server's
+        next replicate must not inherit this one's)."""
+        peak, self._kv_peak = self._kv_peak, 0.0
+        return peak
 
     def metrics_text(self) -> str:
         try:
@@ -227,7 +231,19 @@ class HttpSession:
             self.kv_blocks = blocks - 1 if blocks > 1 else None
 
     def preemptions(self) -> int:
-        return int(self.metrics().get("vllm:num_preemptions_total", 0))
+        """vLLM's counter, once two reads agree: the server may record an iteration's stats just after the
+        client has its last token (read outside the measured window, so the wait costs no measured time)."""
+        count, deadline = self._counter("vllm:num_preemptions_total"), time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(SETTLE_S)
+            again = self._counter("vllm:num_preemptions_total")
+            if again == count:
+                break
+            count = again
+        return count
+
+    def _counter(self, name: str) -> int:
+        return int(self.metrics().get(name, 0))
 
     def prefix_cache(self) -> tuple[int, int]:
         m = self.metrics()
