@@ -20,6 +20,9 @@ class Behaviour:
     preemptions: int = 0
     reset_status: int = 200  # /reset_prefix_cache (404 = a server without dev mode)
     vllm_metrics: bool = True  # False: a server that is not vLLM (no preemption counter)
+    reset_body: bytes = b""  # vLLM answers {"success": false} while blocks are still held
+    garbage: bytes | None = None  # sent as the first chunk's data instead of a JSON object
+    null_usage: bool = False  # "completion_tokens": null in every chunk (count the ids instead)
     chunk_delay_s: float = 0.0
 
 
@@ -29,6 +32,7 @@ class StubServer:
         self.requests: list[dict] = []
         self.resets = 0
         self.auth: list[str | None] = []  # the Authorization header of every completion request
+        self.posts: list[str] = []  # every POST path other than completions (sleep, wake_up, reset)
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -56,9 +60,14 @@ class StubServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                if self.path != "/v1/completions":
+                    stub.posts.append(self.path)
                 if self.path == "/reset_prefix_cache":
                     stub.resets += 1
-                    self._send(stub.behaviour.reset_status, b"")
+                    self._send(stub.behaviour.reset_status, stub.behaviour.reset_body)
+                    return
+                if self.path.startswith(("/sleep", "/wake_up")):
+                    self._send(200, b"")
                     return
                 stub.requests.append(body)
                 stub.auth.append(self.headers.get("Authorization"))
@@ -71,6 +80,9 @@ class StubServer:
                 self.end_headers()
                 want, sent = body["max_tokens"], 0
                 prompt = len(body["prompt"]) if isinstance(body["prompt"], list) else 1
+                if b.garbage is not None:
+                    self.wfile.write(b"data: " + b.garbage + b"\n\n")
+                    self.wfile.flush()
                 while sent < want:
                     if b.cut_after is not None and sent >= b.cut_after:
                         return
@@ -78,12 +90,14 @@ class StubServer:
                     sent += n
                     choice = {"index": 0, "text": "", "token_ids": list(range(n)),
                               "finish_reason": "length" if sent == want else None}
-                    usage = {"prompt_tokens": prompt, "completion_tokens": sent + (b.usage_extra if sent == want else 0)}
+                    usage = {"prompt_tokens": prompt, "completion_tokens": None if b.null_usage else
+                             sent + (b.usage_extra if sent == want else 0)}
                     self.wfile.write(f"data: {json.dumps({'choices': [choice], 'usage': usage})}\n\n".encode())
                     self.wfile.flush()
                     if b.chunk_delay_s:
                         time.sleep(b.chunk_delay_s)
-                final = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": sent + b.usage_extra}}
+                final = {"choices": [], "usage": {"prompt_tokens": prompt,
+                                                  "completion_tokens": None if b.null_usage else sent + b.usage_extra}}
                 self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())  # as vLLM ends
 
             def _send(self, code: int, data: bytes) -> None:

@@ -100,7 +100,7 @@ class ServerConf:
 
     start_timeout_s: float = 600.0  # the server must answer /health within this (import, load, compile)
     stop_grace_s: float = 15.0  # after SIGTERM, then SIGKILL of its process group
-    request_timeout_s: float = 600.0  # one streamed request, from sending it to its last token
+    request_timeout_s: float = 600.0  # the longest wait for any one read of a streamed request (not its whole time)
     log_dir: str | None = None  # null: <results_dir>/server-logs
 
 
@@ -113,7 +113,7 @@ class EndpointConf:
     candidate_url: str | None = None
     model: str | None = None  # null: the first model the server lists
     api_key_env: str | None = None  # the environment variable holding the API key (never written anywhere)
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # the longest wait for any one read of a streamed request
 
 
 @dataclass

@@ -172,8 +172,6 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         record["server_log"] = str(log)
     if (core := getattr(session, "engine_core", None)) is not None:  # in-process | multiprocess (vLLM's own)
         record["engine_core"] = core
-    if getattr(session, "prefix_cache_reset", None) is not None:  # did the warm server's cache reset work
-        record["prefix_cache_reset"] = session.prefix_cache_reset
     try:
         warmup = make_requests(spec, warmup=True) if cold else []
         record["warmup_requests"] = len(warmup)
@@ -181,6 +179,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
             if hasattr(session, "reset_prefix_cache"):  # they share the work's prefix: the measured part starts
                 session.reset_prefix_cache()            # with an empty cache, like every replicate
+        if getattr(session, "prefix_cache_reset", None) is not None:  # did the last reset work (HTTP backends)
+            record["prefix_cache_reset"] = session.prefix_cache_reset
         before = session.preemptions()
         cache_before = session.prefix_cache() if hasattr(session, "prefix_cache") else None
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,
@@ -233,7 +233,7 @@ def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
 def one_line(record: Mapping[str, Any], price: Price) -> str:
     """The one-line result users read: throughput, cost, preemptions, tail latency."""
     if record["status"] != "ok":
-        return f"FAILED ({record.get('stage', 'run')}): {record.get('reason')}"
+        return f"FAILED ({record.get('failed_at', 'run')}): {record.get('reason')}"
     lat = record["latency_s"]
     steady = record.get("steady")
     if steady:

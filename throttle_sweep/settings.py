@@ -44,6 +44,9 @@ def engine_from(cfg: DictConfig) -> Engine:
         if not isinstance(server[key], int | float) or server[key] <= 0:
             raise ConfigError(f"server.{key} must be a positive number of seconds, but got {server[key]!r}")
     server["log_dir"] = str(Path(server["log_dir"] or Path(cfg.results_dir) / "server-logs").absolute())
+    timeout = cfg.endpoint.request_timeout_s
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigError(f"endpoint.request_timeout_s must be a positive number of seconds, but got {timeout!r}")
     return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=plain(cfg.endpoint))
 
 

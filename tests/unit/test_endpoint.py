@@ -45,6 +45,8 @@ def test_an_unreachable_endpoint_is_named_before_anything_runs(tmp_path):
     (["mode=sweep", "+space=batching", "endpoint.url={url}"], "not mode=sweep"),
     (["mode=measure"], "needs endpoint.url=URL"),
     (["mode=measure", "endpoint.url=127.0.0.1:8000"], "endpoint.url must be an http(s) URL"),
+    (["mode=measure", "endpoint.url=http://me:hunter2@127.0.0.1:8000"], "endpoint.url carries credentials"),
+    (["mode=measure", "endpoint.url={url}", "endpoint.request_timeout_s=0"], "endpoint.request_timeout_s must be"),
 ])
 def test_what_an_endpoint_cannot_do_is_refused_with_the_key_named(tmp_path, overrides, says):
     with StubServer() as stub:
@@ -66,7 +68,8 @@ def test_a_compare_alternates_between_two_servers_and_keeps_the_key_out_of_every
     monkeypatch.setenv("STUB_KEY", "sk-very-secret")
     with StubServer(Behaviour(chunk_delay_s=0.02)) as b, StubServer(Behaviour(chunk_delay_s=0.005)) as c:
         cfg = compose_cfg(*WORK, "mode=compare", "run=ep", f"endpoint.baseline_url={b.url}",
-                          f"endpoint.candidate_url={c.url}", "endpoint.api_key_env=STUB_KEY", tmp_path=tmp_path)
+                          f"endpoint.candidate_url={c.url}", "endpoint.api_key_env=STUB_KEY",
+                          "workload.warmup_requests=2", tmp_path=tmp_path)
         assert compare_cmd.run(cfg, Console(quiet=True)) == 0
     records = read_records(tmp_path / "ep" / "replicates.jsonl")
     measured = [r for r in records if r["status"] == "ok"]
@@ -74,9 +77,20 @@ def test_a_compare_alternates_between_two_servers_and_keeps_the_key_out_of_every
     assert {r["arm"] for r in measured} == {"baseline", "candidate"} and len(measured) == 8
     assert all(r["output_tokens"] == 64 and r["flags"]["model"] == "stub-model" for r in measured)
     assert all(r["prefix_cache_reset"] is False for r in measured)  # not our server: its cache is left alone
+    assert b.resets == c.resets == 0 and not b.posts and not c.posts
     assert set(b.auth) == set(c.auth) == {"Bearer sk-very-secret"}
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert "sk-very-secret" not in path.read_text(errors="replace"), path
     summary = json.loads((tmp_path / "ep" / "summary.json").read_text())
     assert summary["ratio"] < 0.6  # the candidate's stub streams four times as fast
+
+
+def test_an_api_key_a_header_cannot_carry_is_refused_naming_the_variable_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUB_KEY", "sk-secret-from-a-crlf-file\r\nX: 1")
+    with StubServer() as stub:
+        cfg = compose_cfg(*WORK, "mode=measure", f"endpoint.url={stub.url}", "endpoint.api_key_env=STUB_KEY",
+                          tmp_path=tmp_path)
+        with pytest.raises(ConfigError, match=r"\$STUB_KEY") as caught:
+            measure_cmd.run(cfg, Console(quiet=True))
+    assert "sk-secret" not in str(caught.value)

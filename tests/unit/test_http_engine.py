@@ -17,7 +17,7 @@ from tests.stub_openai import Behaviour, StubServer
 from throttle_sweep.engines.base import Request
 from throttle_sweep.engines.openai_http import HttpSession, parse_metrics
 from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
-from throttle_sweep.engines.vllm_server import server_argv
+from throttle_sweep.engines.vllm_server import ServerSession, VllmServerEngine, server_argv
 from throttle_sweep.errors import EngineRunError
 from throttle_sweep.workload import drive
 
@@ -53,6 +53,8 @@ def test_tokens_are_counted_not_chunks():
     (Behaviour(usage_extra=2), "usage says 12 output tokens, but 10 token ids arrived"),
     (Behaviour(cut_after=4), "the stream ended before the request finished (4 of 10 tokens)"),
     (Behaviour(status=500), "HTTP 500: {\"error\": \"stub says no\"}"),
+    (Behaviour(garbage=b"[1, 2]"), "a chunk that is not a JSON object: [1, 2]"),
+    (Behaviour(garbage=b'{"choices": [{"token_ids": 5}]}'), "TypeError"),  # anything unexpected fails, never hangs
 ])
 def test_a_server_that_misbehaves_fails_the_run_naming_the_request(behaviour, says):
     with StubServer(behaviour) as stub:
@@ -63,6 +65,16 @@ def test_a_server_that_misbehaves_fails_the_run_naming_the_request(behaviour, sa
         finally:
             session.close()
     assert "request r" in str(caught.value) and says in str(caught.value)
+
+
+def test_a_server_without_running_usage_is_counted_by_its_token_ids():
+    with StubServer(Behaviour(null_usage=True, tokens_per_chunk=2)) as stub:
+        session = HttpSession(stub.url, "m")
+        try:
+            result = drive(session, requests(2, 5), loop="closed", concurrency=2)
+        finally:
+            session.close()
+    assert [t.output_tokens for t in result.timings] == [5, 5]
 
 
 def test_a_server_that_is_gone_fails_the_run_instead_of_hanging():
@@ -76,12 +88,28 @@ def test_a_server_that_is_gone_fails_the_run_instead_of_hanging():
         session.close()
 
 
-def test_prefix_cache_reset_says_whether_it_worked():
-    with StubServer(Behaviour(reset_status=404)) as stub:
+@pytest.mark.parametrize(("behaviour", "tries"), [
+    (Behaviour(reset_status=404), 1),  # no dev mode: said at once
+    (Behaviour(reset_body=b'{"success": false}'), 2),  # blocks still held: tried again for a second, then said
+])
+def test_prefix_cache_reset_says_whether_it_worked(behaviour, tries):
+    with StubServer(behaviour) as stub:
         session = HttpSession(stub.url, "m")
         session.begin_replicate(0)
         session.close()
-    assert stub.resets == 1 and session.prefix_cache_reset is False
+    assert stub.resets >= tries and session.prefix_cache_reset is False
+
+
+def test_a_server_session_sleeps_and_wakes_through_vllms_dev_endpoints(tmp_path):
+    """A GPU slot keeping two warm servers puts the idle one to sleep (level 1) and wakes it for its turn."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    with StubServer() as stub:
+        port = int(stub.url.rsplit(":", 1)[1])
+        session = ServerSession(process, port, tmp_path / "log", "m", request_timeout_s=10, stop_grace_s=2)
+        session.sleep()
+        session.wake()
+    session.close()  # the stub is gone, so its port is free; the stand-in server's group is ended
+    assert stub.posts == ["/sleep?level=1", "/wake_up"] and process.poll() is not None
 
 
 def test_metrics_are_summed_over_label_sets():
@@ -126,8 +154,44 @@ def test_a_guarded_server_ends_with_the_process_that_started_it():
         time.sleep(0.05)
     os.kill(starter.pid, signal.SIGKILL)
     starter.wait()
+    def running() -> bool:
+        try:
+            return psutil.Process(guarded).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     deadline = time.monotonic() + 10
-    while psutil.pid_exists(guarded) and psutil.Process(guarded).status() != psutil.STATUS_ZOMBIE \
-            and time.monotonic() < deadline:
+    while running() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not psutil.pid_exists(guarded) or psutil.Process(guarded).status() == psutil.STATUS_ZOMBIE
+    assert not running()
+
+
+HEALTHY_WITHOUT_METRICS = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_that_fails_after_it_is_healthy_is_not_left_running(tmp_path, monkeypatch):
+    """Healthy, then its /metrics fails: the start fails, and the server (a stand-in here) is stopped."""
+    from throttle_sweep.engines import vllm_server
+
+    started = []
+
+    def launch(argv, log_path):
+        port = argv[argv.index("--port") + 1]
+        started.append(subprocess.Popen([sys.executable, "-c", HEALTHY_WITHOUT_METRICS, port],
+                                        start_new_session=True))
+        return started[-1]
+
+    monkeypatch.setattr(vllm_server, "launch", launch)
+    with pytest.raises(EngineRunError, match="metrics"):
+        VllmServerEngine(log_dir=tmp_path, start_timeout_s=30, stop_grace_s=2).start({"max_num_seqs": 2})
+    assert len(started) == 1 and started[0].poll() is not None

@@ -11,7 +11,7 @@ from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
+from throttle_sweep.measure import measure_replicate, one_line
 from throttle_sweep.records import read_records
 from throttle_sweep.workload import WorkloadSpec
 
@@ -43,6 +43,7 @@ def test_engine_that_fails_to_start_gives_a_failed_record():
     record = measure({"max_num_seqs": 64}, FakeKnobs(fail_start_when={"max_num_seqs": 32}))
     assert record["status"] == "failed" and record["failed_at"] == "start"
     assert "max_num_seqs=64" in record["reason"]
+    assert one_line(record, Price()).startswith("FAILED (start): ")
 
 
 def test_engine_that_dies_mid_run_gives_a_failed_record():

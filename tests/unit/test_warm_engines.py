@@ -230,3 +230,29 @@ def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+def test_an_engine_that_cannot_begin_a_replicate_fails_it_without_ending_the_engine_process(monkeypatch):
+    """A warm server that died while idle cannot reset its prefix cache: the replicate fails as the slot's
+    loss (it was up from an earlier replicate), the engine is ended, and the process goes on serving."""
+    from throttle_sweep.engines import fake
+    from throttle_sweep.engines.host import Task, run_task
+
+    spec = WorkloadSpec(num_requests=4, prompt_len=8, output_len=8, concurrency=4, warmup_requests=0)
+    engine, flags = FakeEngine(FakeKnobs()), {"max_num_seqs": 4, "kv_cache_memory_bytes": 1 << 20}
+    calls = []
+
+    def begin(self, index):
+        calls.append(index)
+        if len(calls) == 2:
+            raise ConnectionError("the server is gone")
+
+    monkeypatch.setattr(fake.FakeSession, "begin_replicate", begin)
+    first, second, third = ({} for _ in range(3))
+    life = run_task(engine, spec, Price(), Task(flags, first, 0, "none", arm="baseline"), None)
+    assert first["status"] == "ok" and life is not None
+    life = run_task(engine, spec, Price(), Task(flags, second, 1, "none", arm="baseline"), life)
+    assert life is None and second["status"] == "failed" and second["infrastructure"] is True
+    assert second["failed_at"] == "start" and "ConnectionError: the server is gone" in second["reason"]
+    life = run_task(engine, spec, Price(), Task(flags, third, 2, "none", arm="baseline"), life)
+    assert third["status"] == "ok" and third["engine_start_s"] > 0  # a new engine

@@ -20,8 +20,16 @@ REACH_TIMEOUT_S = 10.0
 
 
 def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The Authorization header from the environment variable `api_key_env`. A key that is not printable
+    ASCII (a CRLF .env leaves a carriage return) is refused naming the variable only, never the key."""
     key = os.environ.get(api_key_env) if api_key_env else None
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    if not key:
+        return {}
+    key = key.strip()
+    if not key.isascii() or not key.isprintable() or " " in key:
+        raise ConfigError(f"the API key in ${api_key_env} (endpoint.api_key_env) has characters an HTTP header "
+                          "cannot carry (a space, a control character such as a carriage return, or non-ASCII)")
+    return {"Authorization": f"Bearer {key}"}
 
 
 def check_endpoint(url: Any, *, key: str, api_key_env: str | None) -> str:
@@ -29,8 +37,12 @@ def check_endpoint(url: Any, *, key: str, api_key_env: str | None) -> str:
     /metrics has vLLM's preemption counter. Raises ConfigError naming `key` otherwise, before any work."""
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = "a value with '@' in it (not repeated here: it may hold a password)" if "@" in str(url) else repr(url)
         raise ConfigError(f"{key} must be an http(s) URL of a running server (e.g. http://127.0.0.1:8000), "
-                          f"but got {url!r}")
+                          f"but got {shown}")
+    if parts.username or parts.password:  # the URL goes into every record
+        raise ConfigError(f"{key} carries credentials (user:password@): records keep the URL, so give the key "
+                          "through an environment variable named by endpoint.api_key_env instead")
     headers = auth_headers(api_key_env)
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=REACH_TIMEOUT_S) as client:
@@ -59,8 +71,12 @@ def check_endpoint(url: Any, *, key: str, api_key_env: str | None) -> str:
 
 
 class EndpointSession(HttpSession):
+    """A server someone else runs keeps its prefix cache: resetting it could disturb their traffic."""
+
     def begin_replicate(self, index: int) -> None:
-        """A server someone else runs keeps its prefix cache: resetting it could disturb their traffic."""
+        self.prefix_cache_reset = False
+
+    def reset_prefix_cache(self) -> None:
         self.prefix_cache_reset = False
 
 

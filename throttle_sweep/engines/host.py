@@ -203,7 +203,13 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
             if task is None:
                 break
             if task == SLEEP:
-                conn.send(("slept", put_to_sleep(life)))
+                try:
+                    slept = put_to_sleep(life)
+                except Exception:  # noqa: BLE001 - an engine that cannot sleep is shut down: the GPU is freed either way
+                    if life is not None:
+                        close_quietly(life, {})
+                    life, slept = None, 0.0
+                conn.send(("slept", slept))
                 continue
             life = run_task(engine, spec, price, task, life)
             conn.send(("record", task.record))
@@ -235,7 +241,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
         ENGINES_STARTED += 1
         if task.warmup == "every" or (task.warmup == "first" and ENGINES_STARTED == 1):
             # a process's first run is slow (lazy imports, allocator, caches): run it, and keep nothing
-            session.begin_replicate(task.run_index)
+            if not begin(life, task, record, idle=False):
+                return None
             began = session.now()  # the engine's clock (virtual on the fake engine)
             warm = measure_on(session, task.flags, spec, price, {})
             life.warmup_s = session.now() - began
@@ -260,7 +267,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
                 return None
             life.asleep = False
             record["engine_wake_s"] = life.session.now() - began
-    life.session.begin_replicate(task.run_index)
+    if not begin(life, task, record, idle=record["engine_start_s"] == 0.0):
+        return None
     # an engine that has run this workload already is warm for every batch size it will see
     measure_on(life.session, task.flags, spec, price, record, cold=not life.warm)
     life.warm = True
@@ -273,6 +281,20 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
         close_quietly(life, record)
         return None
     return life
+
+
+def begin(life: Lifetime, task: Task, record: dict[str, Any], *, idle: bool) -> bool:
+    """Start a replicate afresh on the engine (a server's prefix cache reset goes over HTTP, and can fail). A
+    failure ends the engine and fails the replicate: the flags' doing on an engine just started for it, the
+    slot's (infrastructure) on one that was up from an earlier replicate and broke while `idle`."""
+    try:
+        life.session.begin_replicate(task.run_index)
+    except Exception as exc:  # noqa: BLE001 - said in the record, never a crash of this process
+        record.update(status="failed", reason=f"the engine could not begin the replicate: {type(exc).__name__}: "
+                      f"{exc}", failed_at="start", ended_at=now_iso(), **({"infrastructure": True} if idle else {}))
+        close_quietly(life, record)
+        return False
+    return True
 
 
 def put_to_sleep(life: Lifetime | None) -> float:

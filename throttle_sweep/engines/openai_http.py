@@ -46,6 +46,17 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def gauge_max(text: str, name: str) -> float | None:
+    """The largest value of gauge `name` over its label sets (one per engine of a data-parallel server: a
+    fraction such as KV usage is not summed), or None if absent."""
+    values = []
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            with contextlib.suppress(ValueError):
+                values.append(float(line.rpartition(" ")[2]))
+    return max(values) if values else None
+
+
 def metric_labels(text: str, name: str) -> dict[str, str]:
     """The labels of metric `name`'s first sample (vLLM's `vllm:cache_config_info` carries its KV cache
     configuration as labels): {} if absent."""
@@ -89,6 +100,7 @@ class HttpSession:
         self._events: queue.Queue[Chunk | StreamFailed] = queue.Queue()
         self._open = 0  # requests added and not yet finished or failed
         self._kv_peak = 0.0
+        self._kv_lock = threading.Lock()  # the loop thread samples, the driver's thread reads and resets
         self.prefix_cache_reset: bool | None = None  # did the last reset work (None: not tried)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="throttle-sweep-http", daemon=True)
@@ -126,21 +138,25 @@ class HttpSession:
                         break
                     now = time.perf_counter()
                     chunk = json.loads(data)
+                    if not isinstance(chunk, dict):
+                        raise StreamFailed(request.id, f"a chunk that is not a JSON object: {data[:200]}")
                     if "error" in chunk:
                         raise StreamFailed(request.id, f"the server answered with an error: {chunk['error']}")
                     ids = [t for choice in chunk.get("choices") or () for t in (choice.get("token_ids") or ())]
                     received += len(ids)
                     finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                     usage = chunk.get("usage") or {}
-                    prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
-                    now_counted = usage.get("completion_tokens", received)
+                    prompt_tokens = usage.get("prompt_tokens") or prompt_tokens
+                    now_counted = usage.get("completion_tokens")
+                    if not isinstance(now_counted, int):  # no running usage: count the token ids themselves
+                        now_counted = received
                     if now_counted > counted:
                         counted, last = now_counted, now
                         self._events.put(Chunk(request.id, counted, False, prompt_tokens, now))
         except StreamFailed as exc:
             self._events.put(exc)
             return
-        except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever broke the stream fails its request, never hangs the run
             self._events.put(StreamFailed(request.id, f"{type(exc).__name__}: {exc}"))
             return
         if not finished:
@@ -156,9 +172,10 @@ class HttpSession:
         while True:
             try:
                 response = await self._client.get("/metrics", timeout=5.0)
-                usage = parse_metrics(response.text).get("vllm:kv_cache_usage_perc")
+                usage = gauge_max(response.text, "vllm:kv_cache_usage_perc")
                 if usage is not None:
-                    self._kv_peak = max(self._kv_peak, usage)
+                    with self._kv_lock:
+                        self._kv_peak = max(self._kv_peak, usage)
             except httpx.HTTPError:
                 pass  # a missed sample; a dead server shows in the streams themselves
             await asyncio.sleep(KV_SAMPLE_S)
@@ -206,7 +223,8 @@ class HttpSession:
     def kv_cache_usage(self) -> float:
         """The highest KV usage sampled since the last call (the driver keeps the peak of a run; a warm server's
         next replicate must not inherit this one's)."""
-        peak, self._kv_peak = self._kv_peak, 0.0
+        with self._kv_lock:
+            peak, self._kv_peak = self._kv_peak, 0.0
         return peak
 
     def metrics_text(self) -> str:
@@ -250,12 +268,24 @@ class HttpSession:
         return int(m.get("vllm:prefix_cache_queries_total", 0)), int(m.get("vllm:prefix_cache_hits_total", 0))
 
     def reset_prefix_cache(self) -> None:
-        """vLLM's dev-mode endpoint (VLLM_SERVER_DEV_MODE=1): a server without it keeps its cache, and says so."""
-        try:
-            response = self._control.post("/reset_prefix_cache")
-        except httpx.HTTPError as exc:
-            raise EngineRunError(self.explain(f"cannot reset the prefix cache: {type(exc).__name__}: {exc}")) from None
-        self.prefix_cache_reset = response.status_code == 200
+        """vLLM's dev-mode endpoint (VLLM_SERVER_DEV_MODE=1): a server without it keeps its cache, and says so.
+        vLLM answers 200 with {"success": false} while blocks are still held: tried again for up to a second."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                response = self._control.post("/reset_prefix_cache")
+            except httpx.HTTPError as exc:
+                raise EngineRunError(self.explain(f"cannot reset the prefix cache: {type(exc).__name__}: {exc}")
+                                     ) from None
+            try:
+                said = response.json()
+            except ValueError:
+                said = None
+            self.prefix_cache_reset = response.status_code == 200 and not (
+                isinstance(said, dict) and said.get("success") is False)
+            if self.prefix_cache_reset or response.status_code != 200 or time.monotonic() > deadline:
+                return
+            time.sleep(SETTLE_S)
 
     def now(self) -> float:
         return time.perf_counter()
@@ -286,4 +316,6 @@ class HttpSession:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
             self._control.close()

@@ -94,6 +94,21 @@ class ServerSession(HttpSession):
     def explain(self, reason: str) -> str:
         return f"{reason}; server log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
 
+    def sleep(self) -> None:
+        """vLLM sleep mode, level 1, through the dev-mode endpoint (the server was started with
+        --enable-sleep-mode when its slot keeps two engines on one GPU)."""
+        self._post("/sleep", params={"level": "1"})
+
+    def wake(self) -> None:
+        self._post("/wake_up")
+
+    def _post(self, path: str, **kwargs: Any) -> None:
+        try:
+            response = self._control.post(path, timeout=300.0, **kwargs)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise EngineRunError(self.explain(f"POST {path} failed: {type(exc).__name__}: {exc}")) from None
+
     def close(self) -> None:
         try:
             super().close()
@@ -179,11 +194,19 @@ class VllmServerEngine(VllmInprocEngine):
                 stop_server(process, port, grace_s=self.stop_grace_s)
                 raise
             break
-        session = ServerSession(process, port, log_path, resolved["model"],
-                                request_timeout_s=self.request_timeout_s, stop_grace_s=self.stop_grace_s)
+        try:
+            session = ServerSession(process, port, log_path, resolved["model"],
+                                    request_timeout_s=self.request_timeout_s, stop_grace_s=self.stop_grace_s)
+        except BaseException:
+            stop_server(process, port, grace_s=self.stop_grace_s)
+            raise
+        try:
+            session.read_kv_capacity()
+        except BaseException:  # healthy, yet not serving its metrics: no engine to measure on, and none left up
+            session.close()
+            raise
         session.start_seconds = time.perf_counter() - began
         session.max_num_seqs = resolved.get("max_num_seqs")
-        session.read_kv_capacity()
         return session
 
     def environment(self) -> dict[str, Any]:
