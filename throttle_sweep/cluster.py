@@ -252,10 +252,10 @@ class RayPool:
             record = failed_record(header, f"node {node} died under slot {slot} ({cause})", failed_at="run",
                                    infrastructure=True)
         elif isinstance(exc, self._ray.exceptions.OutOfMemoryError) or "memory monitor" in str(exc):
-            record = failed_record(header, f"Ray's memory monitor killed slot {slot}'s engine process, which may "
+            record = failed_record(header, f"Ray's memory monitor killed slot {slot}'s actor process, which may "
                                    f"not be this replicate's doing ({cause})", failed_at="run", infrastructure=True)
         elif self._died_idle(pending):
-            record = failed_record(header, f"slot {slot}'s engine process was already dead when this replicate "
+            record = failed_record(header, f"slot {slot}'s actor process was already dead when this replicate "
                                    f"was handed to it ({cause})", failed_at="run", infrastructure=True)
         else:
             record = failed_record(header, f"slot {slot}'s actor process died mid-replicate ({cause}); it runs no "

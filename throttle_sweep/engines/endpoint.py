@@ -98,8 +98,10 @@ class EndpointEngine:
             model = flags.get("model") or check_endpoint(url, key="endpoint", api_key_env=self.api_key_env)
         except ConfigError as exc:  # it answered before the run began; now it does not
             raise EngineStartError(str(exc)) from None
-        return EndpointSession(url, model, headers=auth_headers(self.api_key_env),
-                               request_timeout_s=self.request_timeout_s)
+        session = EndpointSession(url, model, headers=auth_headers(self.api_key_env),
+                                  request_timeout_s=self.request_timeout_s)
+        session.prefix_cache_reset = False  # never reset here, whichever mode measures
+        return session
 
     def environment(self) -> dict[str, Any]:
         return {"engine": self.name, "host": platform.node(), "cpu_count": os.cpu_count()}
