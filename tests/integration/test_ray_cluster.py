@@ -400,3 +400,20 @@ def test_ray_job_submit_runs_a_sweep_on_a_running_cluster(tmp_path):
     study = optuna.load_study(study_name="job", storage=f"sqlite:///{tmp_path / 'job' / 'study.db'}")
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 4 and "winner" in study.user_attrs
     assert {r["slot"] for r in read_records(tmp_path / "job" / "replicates.jsonl")} == {"ray-0", "ray-1"}
+
+
+def test_a_tensor_parallel_slot_gives_its_engine_its_own_gpus_on_one_node(cluster, tmp_path):
+    """tensor_parallel_size=2 on two nodes of two (logical) GPUs: two slots of two GPUs each; every engine
+    process sees exactly its slot's GPUs (vLLM's multiprocess workers, its children, inherit them), on the
+    slot's node, and no two slots share a GPU. Real GPUs and vLLM's own workers cannot be tested here."""
+    code, study, records = run_sweep(tmp_path, NO_PROBES, "study.n_trials=2", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", "engine.tensor_parallel_size=2", name="tp")
+    assert code == 0 and records
+    held = {}
+    for r in records:
+        gpus = r["placement"]["gpu_ids"]
+        assert len(gpus) == 2 and r["engine_lifetime"]["visible_devices"].split(",") == gpus, r["placement"]
+        held.setdefault(r["slot"], set()).add((r["placement"]["node_id"], tuple(gpus)))
+    assert len(held) == 2 and all(len(v) == 1 for v in held.values())  # a slot keeps its node and GPUs
+    (a,), (b,) = held.values()
+    assert a[0] != b[0] or not set(a[1]) & set(b[1])

@@ -78,6 +78,7 @@ def test_a_compare_alternates_between_two_servers_and_keeps_the_key_out_of_every
     assert all(r["output_tokens"] == 64 and r["flags"]["model"] == "stub-model" for r in measured)
     assert all(r["prefix_cache_reset"] is False for r in measured)  # not our server: its cache is left alone
     assert b.resets == c.resets == 0 and not b.posts and not c.posts
+    assert all(r["kv_cache"] == {"blocks": 100, "block_size": 16} for r in measured)  # from vllm:cache_config_info
     assert set(b.auth) == set(c.auth) == {"Bearer sk-very-secret"}
     for path in tmp_path.rglob("*"):
         if path.is_file():

@@ -7,6 +7,7 @@ stepped by the workload driver, which owns the clock-keeping. Stepping (rather t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -53,6 +54,18 @@ class EngineSession(Protocol):
     def now(self) -> float: ...  # seconds, monotonic (a virtual clock on the fake engine)
     def wait_until(self, t: float) -> None: ...
     def close(self) -> None: ...
+
+
+class WallClock:
+    """now() and wait_until() on the machine's monotonic clock: the real engines' (the fake keeps a virtual one)."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
 
 
 class Engine(Protocol):

@@ -5,6 +5,7 @@ that sends the requests, so it never reaches a record or a saved config."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from throttle_sweep.engines.openai_http import HttpSession, parse_metrics
-from throttle_sweep.errors import ConfigError, EngineStartError
+from throttle_sweep.errors import ConfigError, EngineRunError, EngineStartError
 
 REACH_TIMEOUT_S = 10.0
 
@@ -101,6 +102,8 @@ class EndpointEngine:
         session = EndpointSession(url, model, headers=auth_headers(self.api_key_env),
                                   request_timeout_s=self.request_timeout_s)
         session.prefix_cache_reset = False  # never reset here, whichever mode measures
+        with contextlib.suppress(EngineRunError):  # a server that does not say keeps kv_cache unknown
+            session.read_kv_capacity()
         return session
 
     def environment(self) -> dict[str, Any]:

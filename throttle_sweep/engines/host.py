@@ -274,7 +274,9 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
     life.warm = True
     live = record["status"] == "ok" and task.keep
     record["engine_lifetime"] = {"id": life.id, "replicate": life.runs, "pid": os.getpid(), "start_s": life.start_s,
-                                 "warmup_s": life.warmup_s, "live": live}
+                                 "warmup_s": life.warmup_s, "live": live,
+                                 # the GPUs this engine (and vLLM's own workers, its children) can see
+                                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     record["ended_at"] = now_iso()
     life.runs += 1
     if not live:  # not kept, or failed (its state is then unknown): the next replicate starts a new engine

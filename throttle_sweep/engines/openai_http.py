@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from throttle_sweep.engines.base import Request, StepEvent
+from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.errors import EngineRunError
 
 WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still there
@@ -83,7 +83,7 @@ class StreamFailed(Exception):
         super().__init__(f"request {request_id}: {reason}")
 
 
-class HttpSession:
+class HttpSession(WallClock):
     """EngineSession over an OpenAI-compatible server at `base_url` serving `model`."""
 
     def __init__(self, base_url: str, model: str, *, headers: Mapping[str, str] | None = None,
@@ -286,14 +286,6 @@ class HttpSession:
             if self.prefix_cache_reset or response.status_code != 200 or time.monotonic() > deadline:
                 return
             time.sleep(SETTLE_S)
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def wait_until(self, t: float) -> None:
-        delay = t - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
 
     def check_alive(self) -> None:
         """Raise EngineRunError if the server is gone (a server this session owns knows more: see subclasses)."""

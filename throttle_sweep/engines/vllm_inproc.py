@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from throttle_sweep.engines.base import Request, StepEvent
+from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.engines.flags import vllm_flag_schema
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.models import TINY_QWEN2
@@ -80,7 +80,7 @@ def server_environment(cpu: bool) -> dict[str, str]:
     return env
 
 
-class VllmSession:
+class VllmSession(WallClock):
     def __init__(self, llm: Any) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -175,14 +175,6 @@ class VllmSession:
 
     def wake(self) -> None:
         self.llm.wake_up()
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def wait_until(self, t: float) -> None:
-        delay = t - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
 
     def close(self) -> None:
         try:
