@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import platform
 import signal
@@ -63,8 +64,6 @@ def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
         elif value is False:
             argv.append("--no-" + name.replace("_", "-"))
         elif isinstance(value, Mapping | list | tuple):
-            import json
-
             argv += [option, json.dumps(value)]
         else:
             argv += [option, str(value)]
