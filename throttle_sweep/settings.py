@@ -39,15 +39,14 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
 
 def engine_from(cfg: DictConfig) -> Engine:
     knobs = FakeKnobs(**plain(cfg.fake)) if cfg.backend == "fake" else None
-    server = plain(cfg.server)
-    for key in ("start_timeout_s", "stop_grace_s", "request_timeout_s"):
-        if not isinstance(server[key], int | float) or server[key] <= 0:
-            raise ConfigError(f"server.{key} must be a positive number of seconds, but got {server[key]!r}")
+    server, endpoint = plain(cfg.server), plain(cfg.endpoint)
+    for group, key in (("server", "start_timeout_s"), ("server", "stop_grace_s"), ("server", "request_timeout_s"),
+                       ("endpoint", "request_timeout_s")):
+        value = {"server": server, "endpoint": endpoint}[group][key]
+        if not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"{group}.{key} must be a positive number of seconds, but got {value!r}")
     server["log_dir"] = str(Path(server["log_dir"] or Path(cfg.results_dir) / "server-logs").absolute())
-    timeout = cfg.endpoint.request_timeout_s
-    if not isinstance(timeout, int | float) or timeout <= 0:
-        raise ConfigError(f"endpoint.request_timeout_s must be a positive number of seconds, but got {timeout!r}")
-    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=plain(cfg.endpoint))
+    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint)
 
 
 ARMS_OF = {"measure": ("url",), "compare": ("baseline_url", "candidate_url")}

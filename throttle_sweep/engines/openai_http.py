@@ -17,7 +17,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,40 +31,39 @@ KV_SAMPLE_S = 0.2  # KV-cache usage is sampled from /metrics this often while re
 SETTLE_S = 0.05  # between two reads of a counter that must agree
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format -> {metric name: value summed over its label sets} (comments skipped)."""
-    out: dict[str, float] = {}
+def samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """(name, label text, value) of every sample in Prometheus text format; comments and bad lines skipped."""
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
         try:
-            out[name] = out.get(name, 0.0) + float(value)
+            number = float(value)
         except ValueError:
             continue
+        yield name.strip(), labels.rpartition("}")[0], number
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """{metric name: value summed over its label sets}: counters such as preemptions, over every engine."""
+    out: dict[str, float] = {}
+    for name, _, value in samples(text):
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
 def gauge_max(text: str, name: str) -> float | None:
     """The largest value of gauge `name` over its label sets (one per engine of a data-parallel server: a
     fraction such as KV usage is not summed), or None if absent."""
-    values = []
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            with contextlib.suppress(ValueError):
-                values.append(float(line.rpartition(" ")[2]))
-    return max(values) if values else None
+    return max((value for found, _, value in samples(text) if found == name), default=None)
 
 
 def metric_labels(text: str, name: str) -> dict[str, str]:
     """The labels of metric `name`'s first sample (vLLM's `vllm:cache_config_info` carries its KV cache
     configuration as labels): {} if absent."""
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            body = line[len(name) + 1: line.rindex("}")]
-            return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', body))
-    return {}
+    labels = next((labels for found, labels, _ in samples(text) if found == name and labels), "")
+    return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels))
 
 
 @dataclass(frozen=True)
