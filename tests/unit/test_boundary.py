@@ -78,6 +78,46 @@ def test_a_clean_value_beyond_a_preempting_one_is_no_boundary():
     assert "interleave" in describe(search.boundary.summary())
 
 
+@settings(max_examples=80, deadline=None)
+@given(high=st.integers(2, 200), edge=st.integers(0, 200), near=st.integers(1, 199))
+def test_a_search_started_near_a_known_boundary_finds_the_exact_boundary_and_confirms_an_unmoved_one_in_two(
+        high, edge, near):
+    """Another setting of the other knobs starts at the neighbours where the first setting's boundary lay. Where
+    the boundary has not moved, two probes confirm it (determinism was checked on the first setting); where it
+    has, the search goes on from there and still ends exact."""
+    near = min(near, high - 1)
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, high, log=True), {}, near=(near, near + 1),
+                                 direction="up")
+    probes, _ = run(search, lambda v, _: max(0, v - edge))
+    b = search.boundary.summary()
+    assert b["settled"]
+    if edge < 1:
+        assert b["last_clean"] is None and b["first_preempting"] == 1
+    elif edge >= high:
+        assert b["last_clean"] == high and b["first_preempting"] is None
+    else:
+        assert (b["last_clean"], b["first_preempting"], b["exact"]) == (edge, edge + 1, True)
+    if edge == near:
+        assert probes == 2
+    assert probes <= 2 + 1 + (high - 1).bit_length()  # the two, one end, bisection of what is left; no recheck
+
+
+def test_a_search_started_near_a_boundary_on_a_decreasing_knob_probes_only_the_end_it_needs():
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20]
+    probed = []
+
+    def count(v, _):
+        probed.append(v)
+        return 5 if v < (2 << 20) else 0
+
+    search = BoundarySearch.over("kv_cache_memory_bytes", CategoricalDistribution(sizes), {},
+                                 near=(8 << 20, 4 << 20), direction="down")
+    run(search, count)
+    b = search.boundary.summary()
+    assert (b["last_clean"], b["first_preempting"], b["direction"]) == (2 << 20, 1 << 20, "down")
+    assert 32 << 20 not in probed  # the clean end of a decreasing knob is never needed once a clean value is seen
+
+
 def test_knob_values_are_the_full_resolution():
     assert knob_values(IntDistribution(1, 64, log=True)) == list(range(1, 65))
     assert knob_values(FloatDistribution(0.5, 0.9, step=0.1)) == [0.5, 0.6, 0.7, 0.8, 0.9]
@@ -161,3 +201,27 @@ def test_probes_use_every_free_slot_in_each_round():
     assert found["exact"] and found["settled"]
     # the baseline and both ends at once, then rounds of 3 points (64 -> 16 -> 4 -> 1 values), then the recheck
     assert len(pool.rounds) <= 6 and max(pool.rounds) == 3, pool.rounds
+
+
+def probe_sweep(distributions):
+    from throttle_sweep.search.driver import Sweep, SweepSettings
+
+    pool = ParallelPool()
+    flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
+    sweep = Sweep(study=optuna.create_study(), distributions=distributions, base_flags=flags,
+                  baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=pool, write=lambda r: None,
+                  existing=[], settings=SweepSettings(boundary_knob="max_num_seqs"))
+    sweep.find_boundaries()
+    return sweep.study.user_attrs["boundaries"], sum(pool.rounds)
+
+
+def test_a_knob_that_does_not_move_the_boundary_costs_two_probes_a_setting():
+    """max_num_batched_tokens far above what this work schedules in a step leaves the boundary where it is: the
+    first setting is searched in full, each other one is confirmed with the two values either side of it."""
+    alone, probes_alone = probe_sweep({"max_num_seqs": IntDistribution(1, 64)})
+    tokens = CategoricalDistribution([2048, 4096, 8192])
+    found, probes = probe_sweep({"max_num_seqs": IntDistribution(1, 64), "max_num_batched_tokens": tokens})
+    assert len(found) == 3 and all(b["exact"] and b["settled"] for b in found)
+    assert {(b["last_clean"], b["first_preempting"]) for b in found} == {(alone[0]["last_clean"],
+                                                                          alone[0]["first_preempting"])}
+    assert probes == probes_alone + 2 * 2, (probes, probes_alone)

@@ -6,7 +6,10 @@ ends of the knob's range, then splits the interval between the last clean and th
 (k-section: one point per free slot per round, plain bisection with one slot) until they are neighbours at
 the space's full resolution, then probes those two once more. A repeat that disagrees with the first count,
 or a clean value beyond a preempting one, means the surface is not what this search assumes: the result
-says so and the sweep falls back to judging feasibility from replicates. (Bisection only sees the values it
+says so and the sweep falls back to judging feasibility from replicates. A search for another setting of the
+other knobs starts at the two values either side of the first setting's boundary instead of the ends: where
+the boundary has not moved (an inert knob), two probes confirm it, with no recheck (determinism is a property
+of the engine and the work, checked once); where it has, only the end it moved towards is probed. (Bisection only sees the values it
 probes: a clean island inside a preempting stretch it skipped goes unnoticed. For max_num_seqs, KV size and
 memory utilisation under fixed work the surface is monotone.)
 """
@@ -150,12 +153,20 @@ class BoundarySearch:
     boundary: Boundary
     recheck: bool = True  # probe the two values either side of the boundary once more
     parallel: int = 1  # probes per bisection round: the slots that can run them at once
+    start: tuple[int, ...] = ()  # the indices probed first; () = both ends
+    direction: str | None = None  # 'up' | 'down' where known (from another setting's boundary): which end to add
     _asked: set[tuple[int, int]] = field(default_factory=set)  # (index, repeat) handed out, not yet answered
 
     @classmethod
     def over(cls, knob: str, dist: od.BaseDistribution, others: Mapping[str, Any], *, max_preemptions: int = 0,
-             recheck: bool = True, parallel: int = 1) -> BoundarySearch:
-        return cls(Boundary(knob, dict(others), knob_values(dist), {}, max_preemptions), recheck, parallel)
+             recheck: bool | None = None, parallel: int = 1, near: tuple[Any, Any] | None = None,
+             direction: str | None = None) -> BoundarySearch:
+        """`near`: (last clean, first preempting) of another setting's boundary, with its `direction`: start
+        there, and skip the recheck unless asked (None: recheck only a search that starts at the ends)."""
+        values = knob_values(dist)
+        start = tuple(values.index(v) for v in near if v in values) if near else ()
+        return cls(Boundary(knob, dict(others), values, {}, max_preemptions),
+                   (not start) if recheck is None else recheck, parallel, start, direction if start else None)
 
     def add(self, index: int, repeat: int, preemptions: int | None) -> None:
         self._asked.discard((index, repeat))
@@ -179,14 +190,21 @@ class BoundarySearch:
         """This round's probes: both ends first, then (once a round has answered) the split of the interval
         between the last clean and the first preempting value, then the recheck of the two deciding values."""
         b, n = self.boundary, len(self.boundary.values)
-        ends = [i for i in dict.fromkeys((0, n - 1)) if i not in b.counts]
-        if ends:
-            return [(i, 1) for i in ends]
+        first = [i for i in dict.fromkeys(self.start or (0, n - 1)) if i not in b.counts]
+        if first:
+            return [(i, 1) for i in first]
         if self._asked:
             return []  # the next round depends on this one's answers
         if not b.monotone:
             return []  # the assumption broke: no amount of bisection helps
         clean, dirty = b.edge()
+        if clean is None or dirty is None:  # all probed alike (a search that started near a boundary)
+            ends = [i for i in (0, n - 1) if i not in b.counts]
+            if self.direction is not None:  # the end the boundary moved towards: worse if clean, better if not
+                worse = n - 1 if self.direction == "up" else 0
+                ends = [i for i in ends if i == (worse if dirty is None else n - 1 - worse)]
+            if ends:
+                return [(i, 1) for i in ends]
         if clean is not None and dirty is not None and abs(clean - dirty) > 1:
             lo, hi = sorted((clean, dirty))
             k = min(self.parallel, hi - lo - 1)

@@ -427,19 +427,31 @@ class Sweep:
             self.say(f"probes: the knobs other than {knob} have more than {self.settings.boundary_settings_max} "
                      "settings (or a continuous one); feasibility is judged from each trial's replicates")
             return
-        searches = [BoundarySearch.over(knob, self.distributions[knob], others,
-                                        max_preemptions=self.settings.max_preemptions,
-                                        parallel=max(1, len(self.pool.slots) // len(settings)))
-                    for others in settings]
+        slots = len(self.pool.slots)
+        # the first setting is searched in full; the others start where its boundary lies (see boundary.py)
+        searches = [BoundarySearch.over(knob, self.distributions[knob], settings[0],
+                                        max_preemptions=self.settings.max_preemptions, parallel=slots)]
         pending: list[tuple[BoundarySearch | None, int, int]] = [(None, 0, 1)]  # the baseline first
         self.say(f"probes: one run per point to find where preemption starts along {knob} "
                  f"({len(searches[0].boundary.values)} values"
-                 + (f", for each of {len(settings)} settings of the other knobs" if len(settings) > 1 else "") + ")")
+                 + (f", for each of {len(settings)} settings of the other knobs, starting from the first "
+                    "setting's boundary" if len(settings) > 1 else "") + ")")
+
+        def follow(leader: Boundary) -> list[BoundarySearch]:
+            clean, dirty = leader.edge()
+            near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
+            return [BoundarySearch.over(knob, self.distributions[knob], others,
+                                        max_preemptions=self.settings.max_preemptions,
+                                        parallel=max(1, slots // (len(settings) - 1)), near=near,
+                                        direction=leader.direction)
+                    for others in settings[1:]]
 
         def start(slot: int) -> Comparison | None:
             if not pending:  # the next round of every search that can go on: one probe per slot
+                if len(searches) == 1 < len(settings) and searches[0].done():
+                    searches.extend(follow(searches[0].boundary))
                 for s in searches:
-                    pending.extend((s, *w) for w in s.wanted(len(self.pool.slots)))
+                    pending.extend((s, *w) for w in s.wanted(slots))
             if not pending:
                 return None
             item = pending.pop(0)
