@@ -383,3 +383,29 @@ def test_a_failed_replicate_keeps_the_sweep_stage_it_belongs_to_and_says_where_i
     assert failed and all(r["stage"] in ("probe", "search", "confirm") for r in records)
     assert all(r["failed_at"] == "start" and "max_num_seqs" in r["reason"] for r in failed)
     assert all("failed_at" not in r for r in records if r["status"] == "ok")
+
+
+def test_max_num_seqs_above_what_the_workload_keeps_in_flight_is_not_searched(tmp_path):
+    """A closed loop with 8 in flight runs at most 8 at once: max_num_seqs 9..64 are all the 8 engine (they
+    can only cost memory), so the sweep searches 1..8, says so, and never probes or measures above it."""
+    cfg = compose_cfg("backend=fake", "workload.num_requests=16", "workload.prompt_len=16", "workload.output_len=48",
+                      "workload.concurrency=8", "workload.warmup_requests=0", "+space=batching",
+                      "space.max_num_seqs.high=64", "~space.max_num_batched_tokens", "study.name=clip",
+                      "study.n_trials=3", "study.confirm_top=1", "plots=false", tmp_path=tmp_path)
+    console = Console(record=True, width=400)
+    assert sweep_cmd.run(cfg, console) == 0
+    said = console.export_text()
+    assert "searched up to max_num_seqs=8" in said, said
+    study = optuna.load_study(study_name="clip", storage=f"sqlite:///{tmp_path / 'clip' / 'study.db'}")
+    assert all(t.distributions["max_num_seqs"].high == 8 for t in study.trials if t.distributions)
+    seqs = [r["flags"].get("max_num_seqs") for r in read_records(tmp_path / "clip" / "replicates.jsonl")]
+    assert max(seqs) == 8 and len(seqs) > 3
+
+
+@pytest.mark.parametrize("entry", ["{type: int, low: 16, high: 64}", "{type: categorical, choices: [16, 32]}"])
+def test_a_max_num_seqs_range_wholly_above_the_work_in_flight_is_refused_before_any_work(tmp_path, entry):
+    cfg = compose_cfg("backend=fake", "workload.num_requests=16", "workload.concurrency=8", "+space=batching",
+                      "~space.max_num_seqs", f"+space.max_num_seqs={entry}", "study.name=above", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match=r"max_num_seqs.*above the 8 requests"):
+        sweep_cmd.run(cfg, Console(quiet=True))
+    assert not (tmp_path / "above" / "replicates.jsonl").exists()

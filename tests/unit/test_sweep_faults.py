@@ -210,9 +210,10 @@ def test_a_resumed_study_does_not_propose_the_points_of_its_first_run_again(tmp_
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import sweep as sweep_cmd
 
-    args = ["backend=fake", "workload.num_requests=8", "workload.prompt_len=16", "workload.output_len=16",
-            "workload.warmup_requests=0", "+space=batching", "~space.max_num_batched_tokens", "space.max_num_seqs.log=false",
-            "study.sampler=random", "study.name=r", "compare.replicates=2", "study.confirm_top=0", "plots=false"]
+    # 64 in flight: the space keeps all of max_num_seqs 1..64 (8 would leave 8 values, where random draws collide)
+    args = ["backend=fake", "workload.num_requests=64", "workload.concurrency=64", "workload.prompt_len=16",
+            "workload.output_len=16", "workload.warmup_requests=0", "+space=batching", "~space.max_num_batched_tokens",
+            "space.max_num_seqs.log=false", "study.sampler=random", "study.name=r", "compare.replicates=2", "study.confirm_top=0", "plots=false"]
     assert sweep_cmd.run(compose_cfg(*args, "study.n_trials=3", tmp_path=tmp_path), Console(quiet=True)) == 0
     assert sweep_cmd.run(compose_cfg(*args, "study.n_trials=6", tmp_path=tmp_path), Console(quiet=True)) == 0
     study = optuna.load_study(study_name="r", storage=f"sqlite:///{tmp_path / 'r' / 'study.db'}")

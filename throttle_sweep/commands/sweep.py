@@ -30,10 +30,9 @@ from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
 from throttle_sweep.search.driver import Sweep, SweepSettings, SweepStopped, resume_key
 from throttle_sweep.search.report import lines, write_report
-from throttle_sweep.search.space import build_space, grid
+from throttle_sweep.search.space import build_space, grid, within_in_flight
 from throttle_sweep.settings import (
     arm_flags,
-    concurrency_note,
     endpoint_arms,
     engine_from,
     few_replicates_note,
@@ -129,6 +128,10 @@ def run(cfg: DictConfig, console: Console) -> int:
     name, out, storage = study_location(cfg)
     source = f"space '{space_name()}' ({space_file(space_name())})"
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
+    clip_note = None
+    if spec.loop == "closed":
+        distributions, clip_note = within_in_flight(distributions, min(spec.concurrency, spec.num_requests),
+                                                    source=source)
     settings = replace(settings, boundary_knob=boundary_knob(cfg, distributions))
     base = arm_flags(plain(cfg.engine))
     baseline = arm_flags(base, plain(cfg.baseline))
@@ -138,10 +141,8 @@ def run(cfg: DictConfig, console: Console) -> int:
             preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
     if (note := few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates")) is not None:
         console.print(f"[yellow]note:[/] {note}", highlight=False)  # the winner's interval is a confirmation's
-    if "max_num_seqs" in distributions:
-        top = _extremes(distributions["max_num_seqs"])[-1]
-        if (note := concurrency_note({"max_num_seqs": top}, spec, source=source, what="the top of ")) is not None:
-            console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if clip_note is not None:
+        console.print(f"[yellow]note:[/] {clip_note}", highlight=False)
     with hold(out, what=f"study {name!r}"):  # one writer: records, study and leftovers are ours alone
         return run_locked(cfg, console, name=name, out=out, storage=storage, distributions=distributions,
                           base=base, baseline=baseline, spec=spec, engine=engine, price=price, settings=settings)
