@@ -173,9 +173,10 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
     if (core := getattr(session, "engine_core", None)) is not None:  # in-process | multiprocess (vLLM's own)
         record["engine_core"] = core
     try:
-        warmup = make_requests(spec, warmup=True) if cold else []
+        batch = flags.get("max_num_seqs") or getattr(session, "max_num_seqs", None)
+        warmup = make_requests(spec, warmup=True, batch=batch) if cold else []
         record["warmup_requests"] = len(warmup)
-        if warmup:  # one full batch of short requests: every batch size the run will see, cheaply
+        if warmup:  # one full batch of the engine, short requests: every batch size the run will see, cheaply
             drive(session, warmup, loop="closed", concurrency=spec.concurrency)
             if hasattr(session, "reset_prefix_cache"):  # they share the work's prefix: the measured part starts
                 session.reset_prefix_cache()            # with an empty cache, like every replicate

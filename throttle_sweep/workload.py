@@ -33,13 +33,17 @@ class WorkloadSpec:
     chars_per_token: float = 4.0  # ShareGPT text without a tokenizer: its length in tokens, estimated
     tokenizer: str | None = None  # a tokenizer (name or folder) to count and encode ShareGPT text with
     shared_prefix_len: int = 0  # every prompt starts with the same this-many tokens (a system prompt, an agent's context)
-    warmup_requests: int | None = None  # null: one full batch (`concurrency` requests)
+    warmup_requests: int | None = None  # null: one full batch of the engine (concurrency, or max_num_seqs if fewer)
     warmup_output_len: int = 16  # warm-up requests are short: they warm every batch size, not the clock
     seed: int = 0
     vocab_limit: int = 1000  # synthetic token ids are drawn below this (valid for any real vocabulary)
 
-    def warmup_count(self) -> int:
-        return self.concurrency if self.warmup_requests is None else self.warmup_requests
+    def warmup_count(self, batch: int | None = None) -> int:
+        """`batch`: the most the engine runs at once (max_num_seqs): more warm-up requests than that would only
+        queue, and warm no batch size the run will see."""
+        if self.warmup_requests is not None:
+            return self.warmup_requests
+        return min(self.concurrency, batch) if batch else self.concurrency
 
     def check(self, *, max_model_len: int | None, source: str = "workload") -> None:
         """Raise ConfigError naming the key for any value that cannot describe a fixed workload."""
@@ -85,10 +89,11 @@ def _length(rng: random.Random, spec: WorkloadSpec, mean: int) -> int:
     return max(1, round(rng.uniform(mean * (1 - spec.length_spread), mean * (1 + spec.length_spread))))
 
 
-def make_requests(spec: WorkloadSpec, *, warmup: bool = False) -> list[Request]:
-    """The measured request set (or the warm-up set), identical for every replicate with the same spec."""
+def make_requests(spec: WorkloadSpec, *, warmup: bool = False, batch: int | None = None) -> list[Request]:
+    """The measured request set (or the warm-up set, for an engine running `batch` at once), identical for
+    every replicate with the same spec."""
     rng = random.Random(spec.seed + (7919 if warmup else 0))
-    count = spec.warmup_count() if warmup else spec.num_requests
+    count = spec.warmup_count(batch) if warmup else spec.num_requests
     prefix = "warmup-" if warmup else "req-"
     if spec.jsonl is not None and not warmup:
         rows = _read_jsonl(Path(spec.jsonl), spec)

@@ -121,3 +121,14 @@ def test_work_shorter_than_an_engine_start_is_flagged_with_what_to_raise(tmp_pat
     ok = {"status": "ok", "wall_s": 6.0, "engine_start_s": 5.0}
     assert short_work_note([ok]) is None and short_work_note([{**ok, "status": "failed", "wall_s": 0.1}]) is None
     assert short_work_note([{**ok, "wall_s": 1e-7, "engine_start_s": 0.0}]) is not None  # under the timer's ticks
+
+
+@pytest.mark.parametrize(("max_num_seqs", "warmup_requests", "expected"), [(2, None, 2), (16, None, 8), (None, None, 8),
+                                                                           (2, 5, 5)])
+def test_the_default_warm_up_is_one_full_batch_of_the_engine_not_of_the_workload(max_num_seqs, warmup_requests,
+                                                                                  expected):
+    """An engine never runs more than max_num_seqs at once, so that many short requests warm every batch size
+    it will see; at max_num_seqs=1 the workload's 8 in flight would be 8 warm-up requests run one by one."""
+    spec = WorkloadSpec(num_requests=16, prompt_len=16, output_len=16, concurrency=8, warmup_requests=warmup_requests)
+    flags = {"max_num_seqs": max_num_seqs} if max_num_seqs else {}
+    assert measure(flags, spec=spec)["warmup_requests"] == expected
