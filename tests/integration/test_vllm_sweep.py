@@ -31,7 +31,8 @@ def test_small_real_sweep_confirms_and_exports_a_config_vllm_parses(tmp_path):
     parser = make_arg_parser(FlexibleArgumentParser())
     args = parser.parse_args(["--config", str(tmp_path / "real" / "best" / "vllm_config.yaml")])
     assert args.max_num_seqs == winner["params"]["max_num_seqs"]
-    assert args.kv_cache_memory_bytes == 64 << 20 and args.load_format == "dummy" and args.enforce_eager is True
+    assert args.kv_cache_memory_bytes == cfg.engine.kv_cache_memory_bytes and args.load_format == "dummy"
+    assert args.enforce_eager is True
 
 
 def bare_preemptions(max_num_seqs: int, *, requests: int, prompt_len: int, output_len: int) -> int:

@@ -43,7 +43,8 @@ def test_a_sweep_runs_the_lengths_of_a_sharegpt_file(tmp_path):
 def test_a_shared_prefix_sweep_over_prefix_caching_hits_the_cache_only_when_it_is_on(tmp_path):
     cfg = compose_cfg("+space=prefix", "study.name=px", "study.n_trials=2", "workload.shared_prefix_len=384",
                       "workload.prompt_len=16", "workload.output_len=16", "workload.num_requests=16",
-                      "workload.concurrency=8", "baseline.max_num_seqs=8", *SMALL, tmp_path=tmp_path)
+                      "workload.concurrency=8", "baseline.max_num_seqs=8", "engine.kv_cache_memory_bytes=67108864",
+                      *SMALL, tmp_path=tmp_path)  # 64 MiB: with caching off, 8 requests of 4 blocks do not preempt
     assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
     records = [r for r in read_records(tmp_path / "px" / "replicates.jsonl")
                if r["status"] == "ok" and r["arm"] == "candidate"]

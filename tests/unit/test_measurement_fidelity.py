@@ -47,16 +47,19 @@ def test_the_fixed_work_cost_follows_waves_but_the_steady_cost_follows_the_engin
     assert runs[48]["steady"]["output_tokens"] == 48 * 128 and runs[21]["steady"]["output_tokens"] == 63 * 128
 
 
+ROOMY = ["engine.kv_cache_memory_bytes=67108864", "workload.prompt_len=64", "workload.output_len=128"]  # no preemption
+
+
 def test_a_compare_judges_the_steady_cost_and_says_so(tmp_path):
     cfg = compose_cfg("backend=fake", "mode=compare", "run=c", "baseline.max_num_seqs=32", "candidate.max_num_seqs=48",
-                      "workload.num_requests=64", "workload.concurrency=64", "workload.warmup_requests=0",
+                      "workload.num_requests=64", "workload.concurrency=64", "workload.warmup_requests=0", *ROOMY,
                       "compare.replicates=2", "plots=false", tmp_path=tmp_path)
     console = Console(record=True, width=200)
     assert compare_cmd.run(cfg, console) == 0
     text = console.export_text()
     assert "steady state" in text and "verdict: CHEAPER" in text  # the fixed-work cost would call it a tie
     cfg = compose_cfg("backend=fake", "mode=compare", "run=f", "baseline.max_num_seqs=32", "candidate.max_num_seqs=48",
-                      "workload.num_requests=64", "workload.concurrency=64", "workload.warmup_requests=0",
+                      "workload.num_requests=64", "workload.concurrency=64", "workload.warmup_requests=0", *ROOMY,
                       "compare.replicates=2", "compare.cost=fixed_work", "plots=false", tmp_path=tmp_path)
     console = Console(record=True, width=200)
     assert compare_cmd.run(cfg, console) == 0
