@@ -225,3 +225,28 @@ def test_a_knob_that_does_not_move_the_boundary_costs_two_probes_a_setting():
     assert {(b["last_clean"], b["first_preempting"]) for b in found} == {(alone[0]["last_clean"],
                                                                           alone[0]["first_preempting"])}
     assert probes == probes_alone + 2 * 2, (probes, probes_alone)
+
+
+def test_a_search_started_near_a_boundary_that_probes_the_wrong_way_round_is_not_settled():
+    """An 'up' knob whose two start values answer preempting-then-clean (a failed run counts as preempting) is
+    no boundary pointing down: the ends are probed, and a clean value past a preempting one unsettles it."""
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, 16), {}, near=(8, 9), direction="up")
+    run(search, lambda v, _: 0 if v in (1, 9, 16) else 3)
+    b = search.boundary
+    assert 0 in b.probed and not b.monotone and not b.settled and b.feasible(1) is None and b.feasible(16) is None
+
+
+def test_a_search_started_near_a_boundary_that_finds_none_knows_which_side_is_clean():
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20]
+    clean = BoundarySearch.over("kv_cache_memory_bytes", CategoricalDistribution(sizes), {},
+                                near=(8 << 20, 4 << 20), direction="down")
+    run(clean, lambda v, _: 0)
+    b = clean.boundary.summary()
+    assert (b["last_clean"], b["first_preempting"]) == (1 << 20, None)  # every size is clean, the smallest too
+    assert clean.boundary.feasible(32 << 20) is True and clean.boundary.feasible(1 << 20) is True
+    dirty = BoundarySearch.over("kv_cache_memory_bytes", CategoricalDistribution(sizes), {},
+                                near=(8 << 20, 4 << 20), direction="down")
+    run(dirty, lambda v, _: 2)
+    b = dirty.boundary.summary()
+    assert (b["last_clean"], b["first_preempting"]) == (None, 32 << 20)  # every size preempts, the largest too
+    assert dirty.boundary.feasible(1 << 20) is False and dirty.boundary.feasible(16 << 20) is False

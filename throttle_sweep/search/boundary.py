@@ -6,12 +6,14 @@ ends of the knob's range, then splits the interval between the last clean and th
 (k-section: one point per free slot per round, plain bisection with one slot) until they are neighbours at
 the space's full resolution, then probes those two once more. A repeat that disagrees with the first count,
 or a clean value beyond a preempting one, means the surface is not what this search assumes: the result
-says so and the sweep falls back to judging feasibility from replicates. A search for another setting of the
-other knobs starts at the two values either side of the first setting's boundary instead of the ends: where
-the boundary has not moved (an inert knob), two probes confirm it, with no recheck (determinism is a property
-of the engine and the work, checked once); where it has, only the end it moved towards is probed. (Bisection only sees the values it
+says so and the sweep falls back to judging feasibility from replicates. (Bisection only sees the values it
 probes: a clean island inside a preempting stretch it skipped goes unnoticed. For max_num_seqs, KV size and
 memory utilisation under fixed work the surface is monotone.)
+
+A search for another setting of the other knobs starts at the two values either side of the first setting's
+boundary instead of the ends: where the boundary has not moved (a knob that does not bind), those two probes
+confirm it, with no recheck (determinism belongs to the engine and the work, and was checked once); where it
+has moved, only the end it moved towards is probed, then bisection goes on as before.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Boundary:
     values: list[Any]
     counts: dict[int, list[int | None]]  # value index -> preemption count of each probe (None: the run failed)
     max_preemptions: int = 0
+    expected: str | None = None  # 'up' | 'down': the direction another setting's boundary showed, for when the
+                                 # probes alone cannot tell (all alike, as a search started near it may find)
 
     def dirty(self, i: int) -> bool:
         return any(c is None or c > self.max_preemptions for c in self.counts[i])
@@ -83,10 +87,11 @@ class Boundary:
 
     @property
     def direction(self) -> str | None:
-        """'up' (preempts at high values: max_num_seqs), 'down' (at low values: KV size), or None (no change)."""
+        """'up' (preempts at high values: max_num_seqs), 'down' (at low values: KV size), or None (no change
+        seen and none expected)."""
         lo, hi = self.probed[0], self.probed[-1]
         if self.dirty(lo) == self.dirty(hi):
-            return None
+            return self.expected
         return "up" if self.dirty(hi) else "down"
 
     def _oriented(self) -> list[int]:
@@ -154,7 +159,6 @@ class BoundarySearch:
     recheck: bool = True  # probe the two values either side of the boundary once more
     parallel: int = 1  # probes per bisection round: the slots that can run them at once
     start: tuple[int, ...] = ()  # the indices probed first; () = both ends
-    direction: str | None = None  # 'up' | 'down' where known (from another setting's boundary): which end to add
     _asked: set[tuple[int, int]] = field(default_factory=set)  # (index, repeat) handed out, not yet answered
 
     @classmethod
@@ -165,8 +169,8 @@ class BoundarySearch:
         there, and skip the recheck unless asked (None: recheck only a search that starts at the ends)."""
         values = knob_values(dist)
         start = tuple(values.index(v) for v in near if v in values) if near else ()
-        return cls(Boundary(knob, dict(others), values, {}, max_preemptions),
-                   (not start) if recheck is None else recheck, parallel, start, direction if start else None)
+        return cls(Boundary(knob, dict(others), values, {}, max_preemptions, direction if start else None),
+                   (not start) if recheck is None else recheck, parallel, start)
 
     def add(self, index: int, repeat: int, preemptions: int | None) -> None:
         self._asked.discard((index, repeat))
@@ -187,8 +191,9 @@ class BoundarySearch:
         return not self._asked and not self._plan()
 
     def _plan(self) -> list[tuple[int, int]]:
-        """This round's probes: both ends first, then (once a round has answered) the split of the interval
-        between the last clean and the first preempting value, then the recheck of the two deciding values."""
+        """This round's probes: both ends first (or the given start), then (once a round has answered) the
+        split of the interval between the last clean and the first preempting value, then the recheck of the
+        two deciding values."""
         b, n = self.boundary, len(self.boundary.values)
         first = [i for i in dict.fromkeys(self.start or (0, n - 1)) if i not in b.counts]
         if first:
@@ -197,11 +202,13 @@ class BoundarySearch:
             return []  # the next round depends on this one's answers
         if not b.monotone:
             return []  # the assumption broke: no amount of bisection helps
+        ends = [i for i in (0, n - 1) if i not in b.counts]
+        if b.expected is not None and b.direction != b.expected and ends:
+            return [(i, 1) for i in ends]  # the start values point the other way: the ends tell what is true
         clean, dirty = b.edge()
         if clean is None or dirty is None:  # all probed alike (a search that started near a boundary)
-            ends = [i for i in (0, n - 1) if i not in b.counts]
-            if self.direction is not None:  # the end the boundary moved towards: worse if clean, better if not
-                worse = n - 1 if self.direction == "up" else 0
+            if b.expected is not None:  # the end the boundary moved towards: worse if clean, better if not
+                worse = n - 1 if b.expected == "up" else 0
                 ends = [i for i in ends if i == (worse if dirty is None else n - 1 - worse)]
             if ends:
                 return [(i, 1) for i in ends]

@@ -434,8 +434,8 @@ class Sweep:
         pending: list[tuple[BoundarySearch | None, int, int]] = [(None, 0, 1)]  # the baseline first
         self.say(f"probes: one run per point to find where preemption starts along {knob} "
                  f"({len(searches[0].boundary.values)} values"
-                 + (f", for each of {len(settings)} settings of the other knobs, starting from the first "
-                    "setting's boundary" if len(settings) > 1 else "") + ")")
+                 + (f", for each of {len(settings)} settings of the other knobs; the others start from the "
+                    "first one's boundary where it is exact" if len(settings) > 1 else "") + ")")
 
         def follow(leader: Boundary) -> list[BoundarySearch]:
             clean, dirty = leader.edge()

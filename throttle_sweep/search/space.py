@@ -101,9 +101,9 @@ def within_in_flight(distributions: Mapping[str, od.BaseDistribution], in_flight
                      ) -> tuple[dict[str, od.BaseDistribution], str | None]:
     """max_num_seqs above what a closed loop keeps in flight runs no more requests at once than that (a
     larger value can only cost memory), so those values are one configuration: keep the values up to the
-    in-flight count, and the first one past it if the count itself is not a value (it stands for 'everything in
-    flight'). Returns the space and a
-    note when it shrank; a range with no value below the in-flight count is refused: no value differs."""
+    in-flight count, and the first one past it if the count itself is not a value (it stands for 'everything
+    in flight'). Returns the space and a note when it shrank; a range of several values, none below the
+    in-flight count, is refused: no value differs."""
     dist = distributions.get("max_num_seqs")
     if isinstance(dist, od.CategoricalDistribution):
         values = sorted(dist.choices)
@@ -111,7 +111,9 @@ def within_in_flight(distributions: Mapping[str, od.BaseDistribution], in_flight
         values = list(range(dist.low, dist.high + 1, dist.step))
     else:
         return dict(distributions), None
-    if values[0] >= in_flight and len(values) > 1:
+    if len(values) == 1:  # a fixed value: nothing to search, nothing to cut
+        return dict(distributions), None
+    if values[0] >= in_flight:
         raise ConfigError(f"{source}: max_num_seqs ({values[0]} to {values[-1]}) lies wholly at or above the "
                           f"{in_flight} requests the workload keeps in flight, so every value runs the same: raise "
                           "workload.concurrency (and num_requests) or lower the range")
@@ -120,8 +122,8 @@ def within_in_flight(distributions: Mapping[str, od.BaseDistribution], in_flight
         keep += [v for v in values if v > in_flight][:1]
     if len(keep) == len(values):
         return dict(distributions), None
-    clipped = (od.CategoricalDistribution(keep) if isinstance(dist, od.CategoricalDistribution)
-               else od.IntDistribution(dist.low, keep[-1], log=dist.log, step=dist.step))
+    clipped = (od.CategoricalDistribution([c for c in dist.choices if c in keep])  # the user's order
+               if isinstance(dist, od.CategoricalDistribution) else od.IntDistribution(dist.low, keep[-1], log=dist.log, step=dist.step))
     note = (f"{source}: max_num_seqs searched up to max_num_seqs={keep[-1]}, not {values[-1]}: the workload keeps "
             f"{in_flight} requests in flight, so larger values run no more at once (they can only cost memory); "
             "raise workload.concurrency (and num_requests) to search higher")
