@@ -28,11 +28,8 @@ def run(search: BoundarySearch, preemptions, slots: int = 1) -> tuple[int, int]:
     return probes, rounds
 
 
-@settings(max_examples=60, deadline=None)
-@given(high=st.integers(2, 300), edge=st.integers(0, 300), slots=st.integers(1, 4))
-def test_an_increasing_surface_gives_the_exact_boundary_in_logarithmic_probes(high, edge, slots):
-    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, high, log=True), {}, parallel=slots)
-    probes, rounds = run(search, lambda v, _: max(0, v - edge), slots)
+def assert_found(search: BoundarySearch, edge: int, high: int) -> None:
+    """The search over max_num_seqs 1..high on the surface max(0, v - edge) ended settled, at the true edge."""
     b = search.boundary.summary()
     assert b["settled"]
     if edge < 1:
@@ -43,6 +40,14 @@ def test_an_increasing_surface_gives_the_exact_boundary_in_logarithmic_probes(hi
         assert (b["last_clean"], b["first_preempting"], b["exact"]) == (edge, edge + 1, True)
         assert search.boundary.feasible(edge) is True and search.boundary.feasible(edge + 1) is False
         assert search.boundary.feasible(1) is True and search.boundary.feasible(high) is False
+
+
+@settings(max_examples=60, deadline=None)
+@given(high=st.integers(2, 300), edge=st.integers(0, 300), slots=st.integers(1, 4))
+def test_an_increasing_surface_gives_the_exact_boundary_in_logarithmic_probes(high, edge, slots):
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, high, log=True), {}, parallel=slots)
+    probes, rounds = run(search, lambda v, _: max(0, v - edge), slots)
+    assert_found(search, edge, high)
     one_slot = 2 + (high - 1).bit_length() + 2  # both ends, bisection, the recheck
     assert (probes if slots == 1 else rounds) <= one_slot  # more slots: more probes a round, fewer rounds
 
@@ -89,14 +94,7 @@ def test_a_search_started_near_a_known_boundary_finds_the_exact_boundary_and_con
     search = BoundarySearch.over("max_num_seqs", IntDistribution(1, high, log=True), {}, near=(near, near + 1),
                                  direction="up")
     probes, _ = run(search, lambda v, _: max(0, v - edge))
-    b = search.boundary.summary()
-    assert b["settled"]
-    if edge < 1:
-        assert b["last_clean"] is None and b["first_preempting"] == 1
-    elif edge >= high:
-        assert b["last_clean"] == high and b["first_preempting"] is None
-    else:
-        assert (b["last_clean"], b["first_preempting"], b["exact"]) == (edge, edge + 1, True)
+    assert_found(search, edge, high)
     if edge == near:
         assert probes == 2
     assert probes <= 2 + 1 + (high - 1).bit_length()  # the two, one end, bisection of what is left; no recheck
