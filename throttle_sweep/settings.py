@@ -149,13 +149,12 @@ def folder_name(name: str, *, key: str) -> str:
     return name
 
 
-def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str, what: str = "") -> str | None:
+def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> str | None:
     """max_num_seqs above what a closed loop keeps in flight changes nothing: say so before measuring.
-    `source` names where the value came from (an arm, a space); `what` what it is there (its top)."""
+    `source` names where the value came from (an arm, the engine; a sweep clips its space instead)."""
     seqs = flags.get("max_num_seqs")
     if spec.loop == "closed" and seqs is not None and seqs > min(spec.concurrency, spec.num_requests):
-        label = f"{source}: {what}max_num_seqs" if what else f"{source}.max_num_seqs"
-        return (f"{label}={seqs} is above the {min(spec.concurrency, spec.num_requests)} requests "
+        return (f"{source}.max_num_seqs={seqs} is above the {min(spec.concurrency, spec.num_requests)} requests "
                 "workload.concurrency keeps in flight: the engine never runs more than that, so values above it "
                 "cannot differ; raise workload.concurrency (and num_requests)")
     return None
