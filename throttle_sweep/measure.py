@@ -188,6 +188,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
                        batch_limit=getattr(session, "max_num_seqs", None) or flags.get("max_num_seqs"))
         record.update(summarise(result, spec, price))
         record["preemptions"] = session.preemptions() - before
+        if getattr(session, "engine_steps", False):  # the driver saw the engine's own steps: its schedule
+            record["engine_schedule"] = {"fingerprint": result.schedule, "steps": len(result.steps)}
         if cache_before is not None:  # prompt tokens served from the prefix cache during the measured part
             queries, hits = (after - was for after, was in zip(session.prefix_cache(), cache_before, strict=True))
             record["prefix_cache"] = {"queries": queries, "hits": hits,

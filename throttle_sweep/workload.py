@@ -7,6 +7,7 @@ tokens of a replicate never move and its cost per token moves only with time.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import random
 from collections.abc import Sequence
@@ -237,6 +238,7 @@ class DriveResult:
     peak_kv_cache_usage: float
     steps: list[Step] = field(default_factory=list)
     full: int = 0  # closed loop: in flight = the whole concurrency (see `drive`'s batch_limit)
+    schedule: str = ""  # fingerprint of what each step gave to whom (see `drive`)
 
     @property
     def wall_s(self) -> float:
@@ -248,7 +250,14 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
     """Push every request through the session: a closed loop keeps `concurrency` in flight; an open loop
     submits each at its arrival offset (it can only do so between steps, so it records when each was due:
     latency counts from then). Returns per-request and per-step timings on the session's clock.
-    `batch_limit` is the most the engine runs at once (max_num_seqs): with that many in flight it is full."""
+    `batch_limit` is the most the engine runs at once (max_num_seqs): with that many in flight it is full.
+
+    The result's `schedule` fingerprints, step by step, how many were in flight and which requests (by their
+    place in `requests`) got how many tokens: where a session's steps are the engine's own (the in-process
+    engine core), two runs with the same fingerprint are the same sequence of batches, prefill chunks
+    included (a chunk that yields no token is a step of its own)."""
+    order = {r.id: i for i, r in enumerate(requests)}
+    trace = hashlib.sha256()
     pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
     pending.reverse()  # pop() from the end = next request in order
     timings: dict[str, RequestTiming] = {}
@@ -295,5 +304,7 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
                 timing.finished_s = at
                 in_flight -= 1
         steps.append(Step(now, began_with, produced))
+        trace.update(repr((began_with, sorted((order[e.request_id], e.output_tokens) for e in events))).encode())
     full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0
-    return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv, steps, full)
+    return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv, steps, full,
+                       trace.hexdigest()[:16])

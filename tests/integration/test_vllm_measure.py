@@ -168,3 +168,24 @@ def test_the_multiprocess_engine_core_measures_the_same_work_and_preemptions(tmp
     assert multi["status"] == "ok" and multi["output_tokens"] == 12 * 128
     assert multi["preemptions"] == inproc["preemptions"] > 0
     assert multi["kv_cache"] == inproc["kv_cache"] and multi["peak_kv_cache_usage"] > 0.5
+
+
+def test_the_recorded_schedule_is_vllms_own_and_tells_a_token_budget_that_binds_from_one_that_does_not(engine):
+    """The main command's work (16 requests of 96 + 64 tokens, a KV cache for 8 of them): at max_num_seqs=8 at
+    most 8 x 96 = 768 prompt tokens are scheduled in a step, so a budget of 1024 or 4096 never binds and vLLM
+    runs the same steps; at 16, the first step's 1536 prompt tokens are chunked under 1024 but not under 4096.
+    The same configuration gives the same schedule run after run (with its warm-up requests or without)."""
+    work = WorkloadSpec(num_requests=16, prompt_len=96, output_len=64, concurrency=16)
+    kv = {"kv_cache_memory_bytes": 2359296}
+
+    def schedule(**flags):
+        record = measure(engine, {**kv, **flags}, work)
+        assert record["status"] == "ok", record.get("reason")
+        return record["engine_schedule"]
+
+    at8 = schedule(max_num_seqs=8, max_num_batched_tokens=1024)
+    assert at8 == schedule(max_num_seqs=8, max_num_batched_tokens=4096) and at8["steps"] >= 2 * 64
+    assert at8 == schedule(max_num_seqs=8, max_num_batched_tokens=1024)
+    at16 = schedule(max_num_seqs=16, max_num_batched_tokens=1024)
+    assert at16["fingerprint"] != schedule(max_num_seqs=16, max_num_batched_tokens=4096)["fingerprint"]
+    assert at16["fingerprint"] != at8["fingerprint"]

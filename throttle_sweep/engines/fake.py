@@ -73,6 +73,8 @@ class FakeKnobs:
 
 
 class FakeSession:
+    engine_steps = True  # one step() is one scheduler iteration, as in vLLM's in-process engine core
+
     def __init__(self, flags: Mapping[str, Any], knobs: FakeKnobs, start_index: int) -> None:
         self.knobs = knobs
         self.max_num_seqs = int(flags.get("max_num_seqs") or 256)

@@ -97,6 +97,9 @@ class VllmSession(WallClock):
         core = getattr(self._engine.engine_core, "engine_core", None)
         self._scheduler = getattr(core, "scheduler", None)
         self.engine_core = "in-process" if self._scheduler is not None else "multiprocess"
+        # in-process, one step() is one scheduler iteration and requests join between them, so the driver's
+        # trace is the engine's schedule; a multiprocess core steps on its own and batches its outputs
+        self.engine_steps = self.engine_core == "in-process"
         self._kv_read_at, self._kv_usage = -float("inf"), 0.0
         self._sampling = SamplingParams
         self.start_seconds = 0.0

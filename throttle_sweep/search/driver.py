@@ -28,6 +28,7 @@ from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
 from throttle_sweep.search.sequential import confirm_stop, look_ends, per_look, search_stop, to_rank
 from throttle_sweep.stats import CHEAPER, Thresholds, clearly_lower
 
@@ -209,16 +210,20 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "ran_on": sorted({where(r) for r in analysis.records}),
         "notes": analysis.notes,
     }
-    named = {"preemptions": float(preempt - settings.max_preemptions)}
+    return {**attrs, **constraint_attrs(preempt, ttft, tpot, itl, settings)}
+
+
+def constraint_attrs(preemptions: float, ttft: float, tpot: float, itl: float, settings: SweepSettings
+                     ) -> dict[str, list[Any]]:
+    """`constraints` (each <= 0 when kept) and their `constraint_names`, for these measured values."""
+    named = {"preemptions": float(preemptions - settings.max_preemptions)}
     if settings.max_p95_ttft_s is not None:
         named["p95_ttft_s"] = ttft - settings.max_p95_ttft_s
     if settings.max_p95_tpot_s is not None:
         named["p95_tpot_s"] = tpot - settings.max_p95_tpot_s
     if settings.max_p95_itl_s is not None:
         named["p95_itl_s"] = itl - settings.max_p95_itl_s
-    attrs["constraints"] = list(named.values())
-    attrs["constraint_names"] = list(named)
-    return attrs
+    return {"constraints": list(named.values()), "constraint_names": list(named)}
 
 
 def _p95(record: Mapping[str, Any], metric: str) -> float:
@@ -258,6 +263,20 @@ def feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state == TrialState.COMPLETE and all(c <= 0 for c in trial.user_attrs.get("constraints", [1]))
 
 
+def measured(trial: optuna.trial.FrozenTrial) -> bool:
+    """A trial its own comparison answered: not a probe, not told from the boundary or from another trial's
+    schedule, not a repeat, not interrupted."""
+    a = trial.user_attrs
+    return trial.state.is_finished() and not a.get("interrupted") and "duplicate_of" not in a \
+        and a.get("source") not in ("probe", "boundary", "schedule")
+
+
+# what a trial answered by another configuration's schedule takes over from it
+SCHEDULE_ATTRS = ("verdict", "ratio", "ci", "p_value", "se_log", "df", "preemptions", "baseline_preemptions",
+                  "p95_ttft_s", "p95_tpot_s", "p95_itl_s", "p95_e2e_s", "usd_per_mtok", "record_ids", "ran_on",
+                  "constraints", "constraint_names")
+
+
 def engine_seconds(records: Sequence[Mapping[str, Any]]) -> float:
     return sum((r.get("wall_s") or 0) + (r.get("engine_start_s") or 0) + (r.get("engine_warmup_s") or 0)
                for r in records)
@@ -274,6 +293,7 @@ class Sweep:
         self.workload_key, self._write, self.settings, self.say = dict(workload_key), write, settings, on_event
         self.grid = [dict(p) for p in grid] if grid is not None else None  # grid points, in the order to measure
         self.records: list[dict[str, Any]] = list(existing)
+        self.schedules = ScheduleIndex(self.records)  # flags -> the engine schedules their runs recorded
         self.open: dict[int, optuna.trial.Trial] = {}  # trials asked or taken over, not yet told
         self.began = time.monotonic()
         self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
@@ -284,6 +304,7 @@ class Sweep:
     def write(self, record: dict[str, Any]) -> None:
         self._write(record)
         self.records.append(record)
+        self.schedules.add(record)
 
     def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int,
                    lead: str = BASELINE, *, arms: Mapping[str, Mapping[str, Any]] | None = None,
@@ -595,10 +616,8 @@ class Sweep:
         return None
 
     def measured_trials(self) -> int:
-        """Finished trials that measured something: repeats of measured flags and interrupted ones don't count."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()
-                   and not t.user_attrs.get("interrupted") and "duplicate_of" not in t.user_attrs
-                   and t.user_attrs.get("source") not in ("probe", "boundary"))
+        """Finished trials that measured something: repeats, merged schedules and interrupted ones don't count."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if measured(t))
 
     def answers(self) -> dict[str, int]:
         """Flags already answered -> the trial that answers them: one in flight now, one that completed, one
@@ -632,8 +651,63 @@ class Sweep:
         if self.known_feasible(trial.params) is False:
             self.close_beyond_boundary(trial)
             return None, False
+        if (same := self.schedule_twin(trial.params)) is not None:
+            self.tell_same_schedule(trial, same)
+            return None, False
         self.open[trial.number] = trial
         return trial, False
+
+    def candidate_flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.base_flags, **params}
+
+    def schedule_twin(self, params: Mapping[str, Any]) -> optuna.trial.FrozenTrial | str | None:
+        """What these flags are known to be the same configuration as (search/schedules.py): 'baseline', a
+        completed trial measured by its own comparison, or None."""
+        flags = self.candidate_flags(params)
+        if self.schedules.fingerprint(flags) is None:
+            return None
+        if self.schedules.same(flags, self.baseline_flags):
+            return BASELINE
+        return next((t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                     if measured(t) and self.schedules.same(flags, self.candidate_flags(t.params))), None)
+
+    def schedule_probe_wanted(self, params: Mapping[str, Any]) -> bool:
+        """Is one run of these flags worth it before their comparison? When their schedule is unknown, the
+        engine records schedules, and a measured configuration (the baseline, or a trial) differs from them in
+        scheduling knobs alone, with the same value of the boundary knob (or max_num_seqs): if the run shows
+        that one's schedule, it answers them for a single run instead of a comparison (search/schedules.py).
+        Values of that knob itself nearly always schedule differently, so they are compared without one."""
+        knob = self.settings.boundary_knob or ("max_num_seqs" if "max_num_seqs" in self.distributions else None)
+        flags = self.candidate_flags(params)
+        if knob is None or not self.schedules or self.schedules.fingerprint(flags) is not None:
+            return False
+        known = [self.baseline_flags, *(self.candidate_flags(t.params) for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if measured(t))]
+        return any(differs_in_scheduling_only(flags, other) and flags.get(knob) == other.get(knob)
+                   and self.schedules.fingerprint(other) is not None for other in known)
+
+    def tell_same_schedule(self, trial: optuna.trial.Trial, twin: optuna.trial.FrozenTrial | str) -> None:
+        """Flags whose recorded schedule is another configuration's, scheduling knobs apart: told that one's
+        answer (the baseline's is a ratio of 1), never measured, never confirmed apart from it."""
+        if twin == BASELINE:
+            record = self.baseline_probe or {}
+            preempt = record.get("preemptions") or 0
+            p95 = {f"p95_{m}_s": _p95(record, m) for m in ("ttft", "tpot", "itl", "e2e")}
+            attrs = {"ratio": 1.0, "preemptions": preempt, "usd_per_mtok": self.probe_cost(record), **p95,
+                     **constraint_attrs(preempt, p95["p95_ttft_s"], p95["p95_tpot_s"], p95["p95_itl_s"],
+                                        self.settings)}
+            values, name = [1.0, p95["p95_e2e_s"]], "the baseline"
+        else:
+            attrs = {k: twin.user_attrs[k] for k in SCHEDULE_ATTRS if k in twin.user_attrs}
+            values, name = list(twin.values), f"trial {twin.number}"
+        attrs.update(source="schedule", status="ok", same_schedule_as=name,
+                     notes=[f"the same step-by-step engine schedule as {name}, which differs only in scheduling "
+                            "knobs: one configuration, measured once"])
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        set_constraints(trial, attrs)
+        self.study.tell(trial, values if self.settings.multi_objective else values[0])
+        self.say(f"trial {trial.number} {trial.params}: the same engine schedule as {name} (not measured again)")
 
     def plan_after_probes(self) -> None:
         """What the probes change about the search: a grid drops the points they show preempting and measures
@@ -658,25 +732,37 @@ class Sweep:
         if queue:
             self.say(f"resuming: {len(queue)} trial(s) an earlier run left in flight are measured first")
         asks_left = 5 * self.settings.n_trials + 20  # a sampler that only repeats itself must still end
+        probed: set[int] = set()  # trials whose schedule probe has run (once each, whatever it found)
 
         def start(slot: int) -> Comparison | None:
             nonlocal asks_left
-            while not queue:
-                if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
-                    return None
-                if asks_left <= 0:
-                    if asks_left == 0:
-                        self.say(f"search: the sampler kept proposing flags already measured; the search stops "
-                                 f"after {self.measured_trials()} trials")
-                        asks_left -= 1
-                    return None
-                asks_left -= 1
-                trial, exhausted = self.propose()
-                if exhausted:
-                    return None
-                if trial is not None:
-                    queue.append(trial)
-            trial = queue.pop(0)
+            while True:
+                while not queue:
+                    if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
+                        return None
+                    if asks_left <= 0:
+                        if asks_left == 0:
+                            self.say(f"search: the sampler kept proposing flags already measured; the search stops "
+                                     f"after {self.measured_trials()} trials")
+                            asks_left -= 1
+                        return None
+                    asks_left -= 1
+                    trial, exhausted = self.propose()
+                    if exhausted:
+                        return None
+                    if trial is not None:
+                        queue.append(trial)
+                trial = queue.pop(0)
+                twin = self.schedule_twin(trial.params)  # known since it was asked: a schedule probe, a resume
+                if twin is None:
+                    break
+                del self.open[trial.number]
+                self.tell_same_schedule(trial, twin)
+            if trial.number not in probed and self.schedule_probe_wanted(trial.params):
+                comp = self.comparison(f"schedule probe {resume_key(trial)}", "probe", {}, 1, slot,
+                                       arms={CANDIDATE: self.candidate_flags(trial.params)}, order=[CANDIDATE])
+                comp.trial, comp.probe = trial, ("schedule",)
+                return comp
             comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot,
                                    lead=leader(trial.number))
             comp.trial = trial
@@ -686,6 +772,10 @@ class Sweep:
             trial = comp.trial
             if comp.retry():
                 self._again(comp)
+                queue.insert(0, trial)
+                return
+            if comp.probe is not None:  # a schedule probe: next, the trial is told its twin's answer or compared
+                probed.add(trial.number)  # (a run that failed fails its comparison too, blamed as usual)
                 queue.insert(0, trial)
                 return
             del self.open[trial.number]
@@ -739,14 +829,18 @@ class Sweep:
         return ranked[0] if ranked else None
 
     def ranked(self, k: int) -> list[optuna.trial.FrozenTrial]:
-        """The k feasible trials with the lowest ratio (distinct flags), never an infeasible or failed one."""
-        seen, ranked = set(), []
-        for t in sorted((t for t in self.study.get_trials(deepcopy=False) if feasible(t)), key=cost):
-            key = tuple(sorted(t.params.items()))
-            if key not in seen:
-                seen.add(key)
+        """The k feasible trials with the lowest ratio (distinct configurations: distinct flags, and not the
+        same schedule as one ranked higher), never an infeasible or failed one, nor one told another's answer."""
+        ranked: list[optuna.trial.FrozenTrial] = []
+        for t in sorted((t for t in self.study.get_trials(deepcopy=False)
+                         if feasible(t) and t.user_attrs.get("source") != "schedule"), key=cost):
+            if len(ranked) == k:
+                break
+            flags = self.candidate_flags(t.params)
+            if not any(r.params == t.params or self.schedules.same(flags, self.candidate_flags(r.params))
+                       for r in ranked):
                 ranked.append(t)
-        return ranked[:k]
+        return ranked
 
     def pareto(self) -> list[optuna.trial.FrozenTrial]:
         """Feasible trials no other feasible trial beats on both cost and p95 latency, cheapest first."""

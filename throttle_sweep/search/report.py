@@ -26,7 +26,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
                      "ratio": a.get("ratio"), "ci": a.get("ci"), "verdict": a.get("verdict"),
                      "preemptions": a.get("preemptions"), "feasible": feasible(t), "status": status,
                      "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of"),
-                     "source": a.get("source"), "stopped": a.get("stopped"), "alpha": a.get("alpha_per_look"),
+                     "source": a.get("source"), "same_schedule_as": a.get("same_schedule_as"),
+                     "stopped": a.get("stopped"), "alpha": a.get("alpha_per_look"),
                      "looks": a.get("looks"),
                      "ran_on": ",".join(a.get("ran_on") or [])})
     return rows
@@ -97,6 +98,9 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         elif r["source"] == "probe":
             status = "infeasible (one probe run; ratio to the baseline probe)"
             ratio = f"{r['ratio']:.3f} (probe)"
+        elif r["source"] == "schedule":
+            status = f"same engine schedule as {r['same_schedule_as']} (not measured again)"
+            ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('trial ')})"
         elif r["source"] == "boundary":
             status, ratio, usd = "infeasible (beyond the probed boundary: not run)", "-", "-"
             r = {**r, "reason": None}
@@ -158,6 +162,11 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
                    f"{100 * (est.ratio - 1):+.1f}% cost vs baseline (CI {100 * (est.ci_low - 1):+.1f}% to "
                    f"{100 * (est.ci_high - 1):+.1f}%), ${min(cand):.4f}-${max(cand):.4f}/M output tokens in "
                    "confirmation")
+        same = [t for t in result.study.get_trials(deepcopy=False)
+                if t.user_attrs.get("same_schedule_as") == f"trial {result.winner.source_trial}"]
+        if same:
+            out.append("the same configuration as the winner (the same engine schedule, scheduling knobs apart; "
+                       "measured once): " + ", ".join(fmt_params(t.params) for t in same))
     else:
         out.append("no candidate was confirmed cheaper than the baseline")
     return out

@@ -1,0 +1,118 @@
+"""Same schedule, same configuration: a replicate records its engine's step-by-step schedule, and a sweep
+measures flags that differ only in scheduling knobs once when their schedules are the same."""
+
+from __future__ import annotations
+
+import optuna
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.records import read_records
+from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
+from throttle_sweep.workload import WorkloadSpec
+
+KV = 48 * 16 * 1024
+FLAGS = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
+SPEC = WorkloadSpec(num_requests=32, prompt_len=16, output_len=48, concurrency=32, warmup_requests=0)
+
+
+def schedule(noise: float = 0.0, seed: int = 0, **flags) -> dict:
+    record = measure_replicate(FakeEngine(FakeKnobs(noise_sd=noise, seed=seed)), {**FLAGS, **flags}, SPEC, Price(),
+                               run_id="t", arm="candidate", position=seed, environment={})
+    assert record["status"] == "ok"
+    return record
+
+
+def test_the_fingerprint_follows_the_schedule_not_the_speed():
+    # 32 requests of 16 prompt tokens need at most 512 tokens in a step: a budget of 2048 or 8192 never binds
+    loose, looser = schedule(max_num_seqs=12, max_num_batched_tokens=2048), schedule(max_num_seqs=12,
+                                                                                    max_num_batched_tokens=8192)
+    assert loose["engine_schedule"] == looser["engine_schedule"] and loose["engine_schedule"]["steps"] > 48
+    # a budget of 64 tokens chunks the first prefills over several steps: another schedule
+    tight = schedule(max_num_seqs=12, max_num_batched_tokens=64)
+    assert tight["engine_schedule"]["fingerprint"] != loose["engine_schedule"]["fingerprint"]
+    assert schedule(max_num_seqs=11)["engine_schedule"] != schedule(max_num_seqs=12)["engine_schedule"]
+    # noise moves the time of every step and the cost, never the schedule
+    noisy = schedule(noise=0.05, seed=3, max_num_seqs=12, max_num_batched_tokens=2048)
+    assert noisy["steady"]["usd_per_mtok"] != loose["steady"]["usd_per_mtok"]
+    assert noisy["engine_schedule"] == loose["engine_schedule"]
+
+
+def test_only_scheduling_knobs_are_merged_and_only_on_a_schedule_every_run_agrees_on():
+    a = {**FLAGS, "max_num_seqs": 8, "max_num_batched_tokens": 2048}
+    b = {**FLAGS, "max_num_seqs": 8, "max_num_batched_tokens": 4096}
+    runs = [{"status": "ok", "flags": f, "engine_schedule": {"fingerprint": "x"}} for f in (a, b, b)]
+    assert differs_in_scheduling_only(a, b) and ScheduleIndex(runs).same(a, b)
+    # prefix caching (like CUDA graphs or a dtype) changes what a step costs, not which requests it runs
+    c = {**b, "enable_prefix_caching": True}
+    assert not differs_in_scheduling_only(a, c)
+    assert not ScheduleIndex([*runs, {"status": "ok", "flags": c, "engine_schedule": {"fingerprint": "x"}}]).same(a, c)
+    # runs of one configuration that disagree: its schedule is not deterministic here, so nothing is merged
+    disagree = ScheduleIndex([*runs, {"status": "ok", "flags": b, "engine_schedule": {"fingerprint": "y"}}])
+    assert disagree.fingerprint(b) is None and not disagree.same(a, b)
+    # failed runs, warm-up runs and runs with no schedule (an HTTP engine) say nothing
+    assert ScheduleIndex([{"status": "failed", "flags": a, "engine_schedule": {"fingerprint": "x"}}]).fingerprint(a) is None
+    http = ScheduleIndex([{"status": "ok", "flags": a}])
+    assert http.fingerprint(a) is None and not http
+    warm = ScheduleIndex([*runs, {"status": "ok", "flags": a, "warmup": True, "engine_schedule": {"fingerprint": "z"}}])
+    assert warm.fingerprint(a) == "x"
+    # records that arrive later count too
+    later = ScheduleIndex()
+    later.add({"status": "ok", "flags": a, "engine_schedule": {"fingerprint": "x"}})
+    assert later.fingerprint(a) == "x" and later.fingerprint(b) is None
+
+
+WORK = ["workload.num_requests=32", "workload.prompt_len=16", "workload.output_len=48", "workload.concurrency=32",
+        "workload.warmup_requests=0", f"engine.kv_cache_memory_bytes={KV}", "engine.block_size=16"]
+
+
+def two_knob_sweep(tmp_path, tokens: str, name: str):
+    cfg = compose_cfg("backend=fake", *WORK, "+space=batching", "space.max_num_seqs.low=1",
+                      "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+                      f"space.max_num_batched_tokens.choices={tokens}", "study.sampler=grid", "study.n_trials=4",
+                      "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2",
+                      "fake.noise_sd=0.01", f"study.name={name}", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
+    return study, read_records(tmp_path / name / "replicates.jsonl")
+
+
+def test_a_sweep_measures_a_schedule_once_and_confirms_it_once(tmp_path):
+    """max_num_batched_tokens 2048, 4096 and 8192 never bind for this work: at the boundary's last clean
+    value the probes saw one schedule for all three, so the comparison of the first answers the other two."""
+    study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "same")
+    merged = [t for t in study.trials if t.user_attrs.get("source") == "schedule"]
+    assert len(merged) >= 2, [(t.params, t.user_attrs.get("source")) for t in study.trials]
+    by_number = {t.number: t for t in study.trials}
+    for t in merged:
+        twin = by_number[int(t.user_attrs["same_schedule_as"].removeprefix("trial "))]
+        assert twin.params["max_num_seqs"] == t.params["max_num_seqs"] and twin.user_attrs.get("source") is None
+        assert t.values == twin.values and t.user_attrs["ci"] == twin.user_attrs["ci"]
+        flags = {**FLAGS, **t.params}
+        # never compared or confirmed itself: its only runs are probes
+        assert {r["stage"] for r in records if r["flags"] == flags} <= {"probe"}
+    confirmed = [t for t in study.trials if t.number in {r["trial"] for r in records if r["stage"] == "confirm"}]
+    assert confirmed
+    assert len({t.params["max_num_seqs"] for t in confirmed}) == len(confirmed)  # never one schedule twice
+    assert study.user_attrs["winner"] is not None
+    report = (tmp_path / "same" / "report.md").read_text()
+    assert "same engine schedule as trial" in report
+    winner = study.user_attrs["winner"]["trial"]
+    if any(t.user_attrs["same_schedule_as"] == f"trial {winner}" for t in merged):
+        assert "the same configuration as the winner" in report
+
+
+def test_a_budget_that_binds_is_another_configuration(tmp_path):
+    """A token budget of 64 chunks this work's prefills: its schedule differs from 8192's at every max_num_seqs
+    above 4, so nothing there is merged and both are measured."""
+    study, records = two_knob_sweep(tmp_path, "[64,8192]", "binds")
+    for t in study.trials:
+        if t.user_attrs.get("source") == "schedule":
+            assert t.params["max_num_seqs"] * 16 <= 64 or t.user_attrs["same_schedule_as"] == "the baseline"
+    measured = {t.params["max_num_batched_tokens"] for t in study.trials if t.user_attrs.get("source") is None
+                and t.state == optuna.trial.TrialState.COMPLETE}
+    assert measured == {64, 8192}
