@@ -116,3 +116,21 @@ def test_a_budget_that_binds_is_another_configuration(tmp_path):
     measured = {t.params["max_num_batched_tokens"] for t in study.trials if t.user_attrs.get("source") is None
                 and t.state == optuna.trial.TrialState.COMPLETE}
     assert measured == {64, 8192}
+
+
+def test_repeated_proposals_are_one_line_of_the_table_not_one_each(tmp_path):
+    from throttle_sweep.cost import Price
+    from throttle_sweep.search.driver import SweepResult
+    from throttle_sweep.search.report import lines
+
+    study = optuna.create_study()
+    dist = {"max_num_seqs": optuna.distributions.IntDistribution(1, 8)}
+    study.add_trial(optuna.trial.create_trial(params={"max_num_seqs": 4}, distributions=dist, values=[0.5],
+                                              user_attrs={"ratio": 0.5, "ci": [0.4, 0.6], "verdict": "CHEAPER",
+                                                          "preemptions": 0, "constraints": [0.0]}))
+    for _ in range(5):
+        study.add_trial(optuna.trial.create_trial(params={"max_num_seqs": 4}, distributions=dist,
+                                                  state=optuna.trial.TrialState.FAIL, user_attrs={"duplicate_of": 0}))
+    out = lines(SweepResult(study, [], None, []), Price(), 0)
+    table = [line for line in out if "max_num_seqs=4" in line]
+    assert len(table) == 1 and "5 more proposal(s) repeated flags already answered" in "\n".join(out)

@@ -89,13 +89,14 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     many = len({r["ran_on"] for r in rows if r["ran_on"]}) > 1  # several slots: say which ran each trial
     out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [CI]':<22} {'verdict':<13} {'preempt':>7}  "
            + (f"{'slot':<26}" if many else "") + "status"]
+    repeats = [r for r in rows if r["duplicate_of"] is not None]  # a line of their own, not one each
     for r in rows:
+        if r["duplicate_of"] is not None:
+            continue
         usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
         ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] and r["ci"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
-        if r["duplicate_of"] is not None:
-            status = f"repeat of trial {r['duplicate_of']} (not measured again)"
-        elif r["source"] == "probe":
+        if r["source"] == "probe":
             status = "infeasible (one probe run; ratio to the baseline probe)"
             ratio = f"{r['ratio']:.3f} (probe)"
         elif r["source"] == "schedule":
@@ -111,6 +112,9 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         slot = f"{r['ran_on'] or '-':<26}" if many else ""
         out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
                    f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {slot}{status}")
+    if repeats:
+        out.append(f"{len(repeats)} more proposal(s) repeated flags already answered: not measured again (their "
+                   "trials say duplicate_of in the study)")
     levels = sorted({r["alpha"] for r in rows if r["alpha"]})
     level = "/".join(f"{100 * (1 - a):g}%" for a in levels) or "95%"
     out.append(f"($ per million output tokens, {BASIS_LABEL[result.cost_basis]}, {price.label()}; "
