@@ -23,7 +23,7 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ["+experiment=demo"]
 OLD = ["+experiment=demo", "+space.max_num_seqs.step=2", "space.max_num_seqs.high=14", "study.n_trials=7",
-       "compare.replicates=2", "study.boundary=none", "study.sequential=false"]
+       "compare.replicates=2", "study.boundary=none", "study.sequential=false", "study.same_schedule=false"]
 
 
 def run(kind: str, out: Path) -> dict:

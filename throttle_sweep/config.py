@@ -78,6 +78,7 @@ class StudyConf:
     boundary: str | None = "auto"  # probe where preemption starts first: auto | none | a knob of the space
     boundary_settings_max: int = 16  # ... for each setting of the other knobs, if they have at most this many
     sequential: bool = True  # look after every balanced block; stop a comparison once it is decided
+    same_schedule: bool = True  # flags with a measured configuration's engine schedule take its answer
 
 
 @dataclass

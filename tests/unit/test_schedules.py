@@ -70,12 +70,12 @@ WORK = ["workload.num_requests=32", "workload.prompt_len=16", "workload.output_l
         "workload.warmup_requests=0", f"engine.kv_cache_memory_bytes={KV}", "engine.block_size=16"]
 
 
-def two_knob_sweep(tmp_path, tokens: str, name: str):
+def two_knob_sweep(tmp_path, tokens: str, name: str, *overrides: str):
     cfg = compose_cfg("backend=fake", *WORK, "+space=batching", "space.max_num_seqs.low=1",
                       "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
                       f"space.max_num_batched_tokens.choices={tokens}", "study.sampler=grid", "study.n_trials=4",
                       "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2",
-                      "fake.noise_sd=0.01", f"study.name={name}", tmp_path=tmp_path)
+                      "fake.noise_sd=0.01", f"study.name={name}", *overrides, tmp_path=tmp_path)
     assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
     return study, read_records(tmp_path / name / "replicates.jsonl")
@@ -104,6 +104,13 @@ def test_a_sweep_measures_a_schedule_once_and_confirms_it_once(tmp_path):
     winner = study.user_attrs["winner"]["trial"]
     if any(t.user_attrs["same_schedule_as"] == f"trial {winner}" for t in merged):
         assert "the same configuration as the winner" in report
+
+
+def test_merging_schedules_can_be_turned_off(tmp_path):
+    study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "off", "study.same_schedule=false")
+    assert not [t for t in study.trials if t.user_attrs.get("source") == "schedule"]
+    assert {r["stage"] for r in records} == {"probe", "search", "confirm"}
+    assert not [r for r in records if r["key"].startswith("schedule probe")]
 
 
 def test_a_budget_that_binds_is_another_configuration(tmp_path):

@@ -68,6 +68,7 @@ class SweepSettings:
     boundary_knob: str | None = None  # probe where preemption starts along this knob first (None: no probes)
     boundary_settings_max: int = 16  # probe it for each setting of the other knobs, if there are at most this many
     sequential: bool = True  # look after every balanced block and stop comparisons once decided
+    same_schedule: bool = True  # one engine schedule, one configuration (search/schedules.py)
 
 
 @dataclass
@@ -293,7 +294,8 @@ class Sweep:
         self.workload_key, self._write, self.settings, self.say = dict(workload_key), write, settings, on_event
         self.grid = [dict(p) for p in grid] if grid is not None else None  # grid points, in the order to measure
         self.records: list[dict[str, Any]] = list(existing)
-        self.schedules = ScheduleIndex(self.records)  # flags -> the engine schedules their runs recorded
+        # flags -> the engine schedules their runs recorded (left empty, nothing is merged on schedules)
+        self.schedules = ScheduleIndex(self.records if settings.same_schedule else ())
         self.open: dict[int, optuna.trial.Trial] = {}  # trials asked or taken over, not yet told
         self.began = time.monotonic()
         self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
@@ -304,7 +306,8 @@ class Sweep:
     def write(self, record: dict[str, Any]) -> None:
         self._write(record)
         self.records.append(record)
-        self.schedules.add(record)
+        if self.settings.same_schedule:
+            self.schedules.add(record)
 
     def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int,
                    lead: str = BASELINE, *, arms: Mapping[str, Mapping[str, Any]] | None = None,
