@@ -252,10 +252,11 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
     latency counts from then). Returns per-request and per-step timings on the session's clock.
     `batch_limit` is the most the engine runs at once (max_num_seqs): with that many in flight it is full.
 
-    The result's `schedule` fingerprints, step by step, how many were in flight and which requests (by their
-    place in `requests`) got how many tokens: where a session's steps are the engine's own (the in-process
+    The result's `schedule` fingerprints, step by step, how many were in flight, which requests (by their
+    place in `requests`) got how many tokens, and, where the session can tell (`computed_tokens`), how many
+    tokens its scheduler has computed for each: where a session's steps are the engine's own (the in-process
     engine core), two runs with the same fingerprint are the same sequence of batches, prefill chunks
-    included (a chunk that yields no token is a step of its own)."""
+    included."""
     order = {r.id: i for i, r in enumerate(requests)}
     trace = hashlib.sha256()
     pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
@@ -304,7 +305,9 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
                 timing.finished_s = at
                 in_flight -= 1
         steps.append(Step(now, began_with, produced))
-        trace.update(repr((began_with, sorted((order[e.request_id], e.output_tokens) for e in events))).encode())
+        computed = session.computed_tokens() if hasattr(session, "computed_tokens") else {}
+        trace.update(repr((began_with, sorted((order[e.request_id], e.output_tokens) for e in events),
+                           sorted((order[r], n) for r, n in computed.items() if r in order))).encode())
     full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0
     return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv, steps, full,
                        trace.hexdigest()[:16])

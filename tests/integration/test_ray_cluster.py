@@ -27,7 +27,7 @@ from tests.helpers import compose_cfg
 from throttle_sweep.cluster import belongs_to
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.records import read_records
-from throttle_sweep.search.driver import MAX_ATTEMPTS
+from throttle_sweep.search.driver import MAX_ATTEMPTS, measured
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def assert_complete_comparisons(study, records):
     per_position = Counter((r["comparison"], r["position"]) for r in records if r["status"] == "ok")
     assert max(per_position.values()) == 1, "a replicate was measured twice"
     for t in study.trials:
-        if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
+        if t.state == TrialState.COMPLETE and measured(t):  # (not one told the baseline's answer, or a probe's)
             assert by_comparison[t.user_attrs["comparison"]] == 2 + 2  # the engine processes warm themselves, unrecorded
 
 
@@ -120,7 +120,8 @@ def test_two_node_cluster_runs_four_trials_at_once_and_agrees_with_one_slot(clus
     actors = {}
     for r in records:
         actors.setdefault(r["comparison"], set()).add(r["placement"]["actor_id"])
-    assert all(len(actors[t.user_attrs["comparison"]]) == 1 for t in study.trials if t.state == TrialState.COMPLETE), \
+    assert all(len(actors[t.user_attrs["comparison"]]) == 1 for t in study.trials
+               if t.state == TrialState.COMPLETE and measured(t)), \
         "a trial's baseline and candidate replicates must share one slot: one actor, one engine process"
     code, single, _ = run_sweep(tmp_path, "study.n_trials=8", name="one")
     assert code == 0

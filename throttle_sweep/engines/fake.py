@@ -116,6 +116,9 @@ class FakeSession:
         self.speed = ((1.0 + self.knobs.drift_per_start * index) * math.exp(rng.gauss(0.0, self.knobs.noise_sd))
                       * self.lifetime_speed)
 
+    def computed_tokens(self) -> dict[str, int]:
+        return {seq["id"]: seq["computed"] for seq in self.running}
+
     def add(self, request: Request) -> None:
         self.waiting.append({"id": request.id, "prompt": request.prompt_len or 1, "out": request.output_len,
                              "done": 0, "blocks": 0, "computed": 0})

@@ -98,8 +98,12 @@ class VllmSession(WallClock):
         self._scheduler = getattr(core, "scheduler", None)
         self.engine_core = "in-process" if self._scheduler is not None else "multiprocess"
         # in-process, one step() is one scheduler iteration and requests join between them, so the driver's
-        # trace is the engine's schedule; a multiprocess core steps on its own and batches its outputs
-        self.engine_steps = self.engine_core == "in-process"
+        # trace is the engine's schedule; a multiprocess core steps on its own and batches its outputs. With
+        # CUDA graphs (a GPU engine not in eager mode) max_num_seqs and max_num_batched_tokens also choose the
+        # captured batch sizes, so equal schedules need not cost the same: no schedule is recorded there.
+        model = getattr(self._engine.vllm_config, "model_config", None)
+        eager = bool(getattr(model, "enforce_eager", False)) or cpu_build()  # the CPU build captures no graphs
+        self.engine_steps = self.engine_core == "in-process" and eager
         self._kv_read_at, self._kv_usage = -float("inf"), 0.0
         self._sampling = SamplingParams
         self.start_seconds = 0.0
@@ -154,6 +158,12 @@ class VllmSession(WallClock):
 
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished_requests()
+
+    def computed_tokens(self) -> dict[str, int]:
+        """Tokens the scheduler has computed for each request it holds (prompt chunks and cached prefixes
+        included). vLLM suffixes the ids it is given ('req-3' -> 'req-3-1a2b3c4d'); the suffix is cut off."""
+        requests = getattr(self._scheduler, "requests", None) or {}
+        return {rid.rsplit("-", 1)[0]: int(r.num_computed_tokens) for rid, r in requests.items()}
 
     def kv_cache_usage(self) -> float:
         if self._scheduler is not None:

@@ -669,24 +669,25 @@ class Sweep:
         flags = self.candidate_flags(params)
         if self.schedules.fingerprint(flags) is None:
             return None
-        if self.schedules.same(flags, self.baseline_flags):
-            return BASELINE
+        if self.baseline_probe is not None and self.schedules.same(flags, self.baseline_flags):
+            return BASELINE  # (its answer is the baseline probe's: without one, it is compared)
         return next((t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                      if measured(t) and self.schedules.same(flags, self.candidate_flags(t.params))), None)
 
     def schedule_probe_wanted(self, params: Mapping[str, Any]) -> bool:
         """Is one run of these flags worth it before their comparison? When their schedule is unknown, the
         engine records schedules, and a measured configuration (the baseline, or a trial) differs from them in
-        scheduling knobs alone, with the same value of the boundary knob (or max_num_seqs): if the run shows
-        that one's schedule, it answers them for a single run instead of a comparison (search/schedules.py).
-        Values of that knob itself nearly always schedule differently, so they are compared without one."""
-        knob = self.settings.boundary_knob or ("max_num_seqs" if "max_num_seqs" in self.distributions else None)
+        scheduling knobs alone, with the same max_num_seqs and boundary knob: if the run shows that one's
+        schedule, it answers them for a single run instead of a comparison (search/schedules.py). Values of
+        those knobs themselves nearly always schedule differently, so they are compared without one."""
+        knobs = {self.settings.boundary_knob, "max_num_seqs"} - {None}
         flags = self.candidate_flags(params)
-        if knob is None or not self.schedules or self.schedules.fingerprint(flags) is not None:
+        if not self.schedules or self.schedules.fingerprint(flags) is not None:
             return False
-        known = [self.baseline_flags, *(self.candidate_flags(t.params) for t in self.study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE,)) if measured(t))]
-        return any(differs_in_scheduling_only(flags, other) and flags.get(knob) == other.get(knob)
+        known = [self.baseline_flags] if self.baseline_probe is not None else []
+        known += [self.candidate_flags(t.params) for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if measured(t)]
+        return any(differs_in_scheduling_only(flags, other) and all(flags.get(k) == other.get(k) for k in knobs)
                    and self.schedules.fingerprint(other) is not None for other in known)
 
     def tell_same_schedule(self, trial: optuna.trial.Trial, twin: optuna.trial.FrozenTrial | str) -> None:
@@ -745,8 +746,9 @@ class Sweep:
                         return None
                     if asks_left <= 0:
                         if asks_left == 0:
-                            self.say(f"search: the sampler kept proposing flags already measured; the search stops "
-                                     f"after {self.measured_trials()} trials")
+                            self.say("search: the sampler kept proposing flags already answered (measured, or the "
+                                     "same engine schedule as measured ones); the search stops after "
+                                     f"{self.measured_trials()} trials")
                             asks_left -= 1
                         return None
                     asks_left -= 1
@@ -756,12 +758,15 @@ class Sweep:
                     if trial is not None:
                         queue.append(trial)
                 trial = queue.pop(0)
-                twin = self.schedule_twin(trial.params)  # known since it was asked: a schedule probe, a resume
+                # its schedule probe has run: its twin's answer, if it has one (a trial taken over on a resume
+                # keeps its own comparison)
+                twin = self.schedule_twin(trial.params) if trial.number in probed else None
                 if twin is None:
                     break
                 del self.open[trial.number]
                 self.tell_same_schedule(trial, twin)
-            if trial.number not in probed and self.schedule_probe_wanted(trial.params):
+            if trial.number not in probed and len(probed) < self.settings.n_trials \
+                    and self.schedule_probe_wanted(trial.params):  # (at most n_trials probes)
                 comp = self.comparison(f"schedule probe {resume_key(trial)}", "probe", {}, 1, slot,
                                        arms={CANDIDATE: self.candidate_flags(trial.params)}, order=[CANDIDATE])
                 comp.trial, comp.probe = trial, ("schedule",)
@@ -840,6 +845,8 @@ class Sweep:
             if len(ranked) == k:
                 break
             flags = self.candidate_flags(t.params)
+            if self.schedules.same(flags, self.baseline_flags):
+                continue  # the baseline itself, as far as cost goes: nothing to confirm
             if not any(r.params == t.params or self.schedules.same(flags, self.candidate_flags(r.params))
                        for r in ranked):
                 ranked.append(t)

@@ -100,8 +100,9 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
             status = "infeasible (one probe run; ratio to the baseline probe)"
             ratio = f"{r['ratio']:.3f} (probe)"
         elif r["source"] == "schedule":
-            status = f"same engine schedule as {r['same_schedule_as']} (not measured again)"
-            ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('trial ')})"
+            status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "
+                      "(not measured again)")
+            ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('the ')})"
         elif r["source"] == "boundary":
             status, ratio, usd = "infeasible (beyond the probed boundary: not run)", "-", "-"
             r = {**r, "reason": None}
@@ -205,7 +206,8 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.user_attrs.get("ci")]
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.user_attrs.get("ci")
+            and t.user_attrs.get("source") != "schedule"]  # a twin told another's answer is no point of its own
     if not done:
         return []
     md = []

@@ -43,9 +43,13 @@ class ScheduleIndex:
             self.add(record)
 
     def add(self, record: Mapping[str, Any]) -> None:
+        """A run's schedule, with what the step trace cannot show: its preemptions (recomputed work) and the
+        prompt tokens its prefix cache served (work not done), which a smaller KV cache may evict sooner."""
         mark = (record.get("engine_schedule") or {}).get("fingerprint")
         if mark and record.get("status") == "ok" and not record.get("warmup"):
-            self._seen.setdefault(flags_key(record.get("flags") or {}), set()).add(mark)
+            hits = (record.get("prefix_cache") or {}).get("hits")
+            self._seen.setdefault(flags_key(record.get("flags") or {}), set()).add(
+                f"{mark}/{record.get('preemptions')}/{hits}")
 
     def __bool__(self) -> bool:
         """Has this engine recorded any schedule (HTTP engines do not see the engine's steps)?"""
