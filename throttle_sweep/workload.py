@@ -259,6 +259,7 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
     included."""
     order = {r.id: i for i, r in enumerate(requests)}
     trace = hashlib.sha256()
+    computed_tokens = getattr(session, "computed_tokens", dict)  # what the scheduler computed, if it can say
     pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
     pending.reverse()  # pop() from the end = next request in order
     timings: dict[str, RequestTiming] = {}
@@ -305,7 +306,7 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
                 timing.finished_s = at
                 in_flight -= 1
         steps.append(Step(now, began_with, produced))
-        computed = session.computed_tokens() if hasattr(session, "computed_tokens") else {}
+        computed = computed_tokens()
         trace.update(repr((began_with, sorted((order[e.request_id], e.output_tokens) for e in events),
                            sorted((order[r], n) for r, n in computed.items() if r in order))).encode())
     full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0

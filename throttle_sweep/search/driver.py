@@ -694,7 +694,7 @@ class Sweep:
         """Flags whose recorded schedule is another configuration's, scheduling knobs apart: told that one's
         answer (the baseline's is a ratio of 1), never measured, never confirmed apart from it."""
         if twin == BASELINE:
-            record = self.baseline_probe or {}
+            record = self.baseline_probe  # there is one: schedule_twin names the baseline only then
             preempt = record.get("preemptions") or 0
             p95 = {f"p95_{m}_s": _p95(record, m) for m in ("ttft", "tpot", "itl", "e2e")}
             attrs = {"ratio": 1.0, "preemptions": preempt, "usd_per_mtok": self.probe_cost(record), **p95,

@@ -1,14 +1,16 @@
-"""Same schedule, same configuration: flags that leave the engine's step-by-step schedule unchanged. Pure
-functions over records, no I/O.
+"""Same schedule, same configuration: flags that leave the engine's step-by-step schedule unchanged. An index
+over records, no I/O.
 
 With closed-loop fixed work on an engine whose steps the driver sees one by one (vLLM's in-process engine
-core, the fake), a replicate records a fingerprint of its schedule: at every step, how many requests were in
-flight and which of them got how many tokens (`workload.drive`). Two configurations with the same fingerprint
-ran the same sequence of batches, prefill chunks included. If they differ only in knobs that act through the
-scheduler and the KV cache's size (max_num_batched_tokens where it never binds, a KV cache larger than the
-work needs), they computed the same thing in the same steps: one measurement answers both. Knobs that change
-how fast a step runs (CUDA graphs, dtypes, prefix caching, the attention backend) are never merged this way,
-whatever their schedule.
+core without CUDA graphs, the fake), a replicate records a fingerprint of its schedule: at every step, how
+many requests were in flight, which of them got how many tokens, and how many tokens the scheduler had
+computed for each (`workload.drive`); its preemptions and prefix-cache hits go with it. Two configurations
+with the same fingerprint ran the same sequence of batches, prefill chunks included. If they differ only in
+knobs that act through the scheduler and the KV cache's size (max_num_batched_tokens where it never binds, a
+KV cache larger than the work needs), they computed the same thing in the same steps: one measurement
+answers both. Knobs that change how fast a step runs (dtypes, prefix caching, the attention backend) are
+never merged this way, whatever their schedule; with CUDA graphs no schedule is recorded at all (the
+batching knobs choose the captured sizes there).
 """
 
 from __future__ import annotations
