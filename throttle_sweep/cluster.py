@@ -144,7 +144,7 @@ class RayPool:
     so no slot ever blocks the others."""
 
     def __init__(self, *, make_actor: Callable[[int], Any], shape: SlotShape,
-                 header: Callable[[Job], dict[str, Any]], say: Callable[[str], None] = lambda _: None,
+                 header: Callable[[Job, Mapping[str, Any]], dict[str, Any]], say: Callable[[str], None] = lambda _: None,
                  start_timeout_s: float = 300.0, job_timeout_s: float = 1800.0, job_timeout_factor: float = 10.0
                  ) -> None:
         import ray
@@ -153,6 +153,9 @@ class RayPool:
         self.job_timeout_s, self.job_timeout_factor = job_timeout_s, job_timeout_factor
         self.actors = {slot: make_actor(slot) for slot in range(shape.count)}
         self.placement: dict[int, dict[str, Any]] = {}
+        # what each slot's records said of its machine: a lost replicate's record says the same, and the driver
+        # never imports the engine's code to find out (vLLM: seconds, and a GB of memory)
+        self.environments: dict[int, dict[str, Any]] = {}
         self.pending: dict[Any, Pending] = {}
         self.took: dict[str, float] = {}  # flags -> the longest replicate (start + work) seen with them
         self.replaced = 0
@@ -210,6 +213,8 @@ class RayPool:
                 record = self._lost(pending, exc)
             else:
                 self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
+                if record.get("environment"):
+                    self.environments[pending.slot] = record["environment"]
                 key = flags_key(pending.job.flags)
                 took = sum(record.get(k) or 0 for k in ("engine_start_s", "engine_warmup_s", "wall_s"))
                 self.took[key] = max(self.took.get(key, 0.0), took)
@@ -232,7 +237,7 @@ class RayPool:
         return pending.job, record
 
     def _lost_header(self, pending: Pending) -> dict[str, Any]:
-        header = {**self._header(pending.job), "slot": f"ray-{pending.slot}",
+        header = {**self._header(pending.job, self.environments.get(pending.slot, {})), "slot": f"ray-{pending.slot}",
                   "placement": self.placement.get(pending.slot, {})}
         header["started_at"] = pending.submitted_at  # the driver handed it over then; the slot kept nothing
         return header
@@ -493,11 +498,10 @@ def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Pr
         shape = slot_shape(ray_conf, ray.cluster_resources(), tensor_parallel)
         remote = ray.remote(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, max_restarts=0)(SlotActor)
         warm = warm_engines_from(cfg)
-        environment = engine.environment()
 
-        def header(job: Job) -> dict[str, Any]:
+        def header(job: Job, environment: Mapping[str, Any]) -> dict[str, Any]:
             return record_header(engine, job.flags, spec, price, run_id=run_id, arm=job.arm, position=job.position,
-                                 environment=environment, context=job.context)
+                                 environment=environment or {"engine": engine.name}, context=job.context)
 
         pool = RayPool(make_actor=lambda slot: remote.remote(engine, spec, price, run_id, slot, warm),
                        shape=shape, header=header, say=say, start_timeout_s=ray_conf["start_timeout_s"],

@@ -65,8 +65,10 @@ class WarmSlot:
         try:
             host.wait_ready()
         except EngineProcessDied as exc:  # it never got to these flags: the slot's failure, not theirs
+            # what is known of the machine, never read here: the driver does not import the engine's code
+            known = self.environment or {"engine": self.engine.name}
             header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
-                                   position=position, environment=self.environment or {}, context=context)
+                                   position=position, environment=known, context=context)
             return {**self._lost(host, header, exc), "infrastructure": True}
         if self.environment is None:  # read where the engine runs (a Ray actor need not import vLLM itself)
             self.environment = host.environment

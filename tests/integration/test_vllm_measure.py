@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 
 import psutil
 import pytest
 
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import VllmInprocEngine
-from throttle_sweep.engines.flags import check_flags, vllm_flag_schema
+from throttle_sweep.engines.flags import (
+    check_flags,
+    decode,
+    describe,
+    encode,
+    install_key,
+    read_engine_args,
+    value_matches,
+    vllm_flag_schema,
+)
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import measure_replicate
 from throttle_sweep.records import append_record, read_records
@@ -113,6 +126,35 @@ def test_flags_are_checked_against_vllms_engine_args():
         check_flags({"max_num_seq": 8}, schema, source="engine")
     with pytest.raises(ConfigError, match="'max_num_seqs' must be int or null"):
         check_flags({"max_num_seqs": "eight"}, schema, source="engine")
+
+
+def test_vllms_schema_from_disk_checks_every_flag_as_the_live_one_does():
+    live = read_engine_args()
+    probes = [None, True, False, 0, 8, 0.5, "auto", "fp8", "bfloat16", "nope", [1], {"a": 1}, {1}]
+    for name, annotation in live.items():
+        stored = decode(json.loads(json.dumps(encode(annotation))))
+        assert [value_matches(v, stored) for v in probes] == [value_matches(v, annotation) for v in probes], name
+        assert describe(stored) == describe(annotation), name
+
+
+def test_a_flag_check_imports_no_vllm_once_its_schema_is_on_disk(tmp_path):
+    """The driver checks flags before any engine starts; with the schema on disk it need not import vLLM (about
+    15 s here), so an engine process's import is the only one a command waits for."""
+    code = ("import sys; from throttle_sweep.engines import VllmInprocEngine; from throttle_sweep.engines.flags "
+            "import check_flags; s = VllmInprocEngine().flag_schema(); check_flags({'max_num_seqs': 8, "
+            "'kv_cache_dtype': 'auto'}, s, source='t'); print('vllm' in sys.modules, len(s))")
+    if install_key() is None:
+        pytest.skip("an editable vLLM checkout: its schema is read afresh every time, by design")
+    env = {**os.environ, "THROTTLE_SWEEP_CACHE": str(tmp_path)}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    first, second = run(), run()
+    assert first[0] == "True" and second == ["False", first[1]]  # the same number of flags, no vLLM imported
+    assert len(list(tmp_path.glob("vllm-flags-*.json"))) == 1
 
 
 def test_steady_cost_against_max_num_seqs_has_no_wave_step(engine):

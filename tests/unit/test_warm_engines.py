@@ -257,3 +257,24 @@ def test_an_engine_that_cannot_begin_a_replicate_fails_it_without_ending_the_eng
     assert second["failed_at"] == "start" and "ConnectionError: the server is gone" in second["reason"]
     life = run_task(engine, spec, Price(), Task(flags, third, 2, "none", arm="baseline"), life)
     assert third["status"] == "ok" and third["engine_start_s"] > 0  # a new engine
+
+
+class UnloadableEngine(FakeEngine):
+    """An engine whose code cannot be imported in its process, and whose environment only that process may
+    read (vLLM's: importing it in the driver takes about 15 s, and a GB of memory)."""
+
+    def preload(self) -> None:
+        raise ImportError("libcuda.so.1: cannot open shared object file")
+
+    def environment(self) -> dict:
+        raise AssertionError("the driver read the engine's environment itself")
+
+
+def test_an_engine_process_that_cannot_load_fails_the_replicate_without_the_driver_loading_the_engine():
+    s = WarmSlot(UnloadableEngine(FakeKnobs()), SPEC, Price(), run_id="t", restart="never")
+    try:
+        record = s.measure(B, "baseline", 0, {})
+    finally:
+        s.close()
+    assert record["status"] == "failed" and record["infrastructure"] is True
+    assert "libcuda.so.1" in record["reason"] and record["environment"] == {"engine": "fake"}

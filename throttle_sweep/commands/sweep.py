@@ -336,7 +336,8 @@ def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: st
         from throttle_sweep.cluster import make_ray_pool
 
         return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say)
-    slot = WarmSlot(engine, spec, price, run_id=run_id, environment=engine.environment(), **warm_engines_from(cfg))
+    # the slot reads the environment where the engines run: the driver need not import vLLM
+    slot = WarmSlot(engine, spec, price, run_id=run_id, **warm_engines_from(cfg))
     slot.warm_up()
     pool = LocalPool(slot.measure)
 
