@@ -3,6 +3,8 @@ measures flags that differ only in scheduling knobs once when their schedules ar
 
 from __future__ import annotations
 
+from collections import Counter
+
 import optuna
 from rich.console import Console
 
@@ -180,3 +182,44 @@ def test_without_a_baseline_probe_nothing_is_told_the_baselines_answer(tmp_path)
     assert not [t for t in study.trials if t.user_attrs.get("same_schedule_as") == "the baseline"]
     at_one = [t for t in study.trials if t.params["max_num_seqs"] == 1 and t.user_attrs.get("source") is None]
     assert at_one and all("p95_itl_s" in t.user_attrs for t in at_one)
+
+
+class TwoSlots:
+    """Two slots on the fake engine, in this process: each `wait` answers the oldest job, so two comparisons
+    advance side by side as on two GPUs."""
+
+    size = 2
+    slots = [0, 1]  # noqa: RUF012 - two fixed slots
+
+    def __init__(self, engine, spec, price) -> None:
+        self.engine, self.spec, self.price, self.queue = engine, spec, price, []
+
+    def submit(self, job) -> None:
+        self.queue.append(job)
+
+    def wait(self):
+        job = self.queue.pop(0)
+        return [(job, measure_replicate(self.engine, job.flags, self.spec, self.price, run_id="t", arm=job.arm,
+                                        position=job.position, environment={},
+                                        context={**job.context, "slot": f"s{job.slot}"}))]
+
+
+def test_with_two_slots_a_schedule_in_flight_on_one_is_not_compared_again_on_the_other(tmp_path, monkeypatch):
+    """max_num_batched_tokens 2048, 4096 and 8192 run one schedule at each clean max_num_seqs. With two slots the
+    second of those configurations used to be compared in full beside the first, whose answer was not in yet
+    (every clean max_num_seqs was compared twice here). Now it waits for that answer while its slot takes other
+    work, and is told it."""
+    monkeypatch.setattr(sweep_cmd, "make_pool", lambda cfg, engine, spec, price, **_: (TwoSlots(engine, spec, price),
+                                                                                      lambda: None))
+    study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "two", "study.n_trials=6")
+    assert {r["slot"] for r in records if r["stage"] == "search"} == {"s0", "s1"}  # both slots compared
+    compared = [t for t in study.trials if t.number in {r["trial"] for r in records if r["stage"] == "search"}]
+    probed = {r["trial"] for r in records if r["key"].startswith("schedule probe")}
+    by_seqs = Counter(t.params["max_num_seqs"] for t in compared)
+    for t in compared:  # a schedule compared twice: only once the schedule probes' budget (n_trials) is spent
+        if by_seqs[t.params["max_num_seqs"]] > 1:
+            assert t.number not in probed and len(probed) == 6, [x.params for x in compared]
+    told = [t for t in study.trials if t.user_attrs.get("source") == "schedule"]
+    assert len({t.params["max_num_seqs"] for t in told}) >= 3  # three schedules answered twins in flight
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["same_schedule_as"].startswith("trial ")
+               for t in told)

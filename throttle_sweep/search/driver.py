@@ -674,12 +674,13 @@ class Sweep:
         return next((t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                      if measured(t) and self.schedules.same(flags, self.candidate_flags(t.params))), None)
 
-    def schedule_probe_wanted(self, params: Mapping[str, Any]) -> bool:
+    def schedule_probe_wanted(self, params: Mapping[str, Any], in_flight: Sequence[Mapping[str, Any]] = ()) -> bool:
         """Is one run of these flags worth it before their comparison? When their schedule is unknown, the
-        engine records schedules, and a measured configuration (the baseline, or a trial) differs from them in
-        scheduling knobs alone, with the same max_num_seqs and boundary knob: if the run shows that one's
-        schedule, it answers them for a single run instead of a comparison (search/schedules.py). Values of
-        those knobs themselves nearly always schedule differently, so they are compared without one."""
+        engine records schedules, and a measured configuration (the baseline, a trial, or one being compared on
+        another slot: `in_flight`) differs from them in scheduling knobs alone, with the same max_num_seqs and
+        boundary knob: if the run shows that one's schedule, it answers them for a single run instead of a
+        comparison (search/schedules.py). Values of those knobs themselves nearly always schedule differently,
+        so they are compared without one."""
         knobs = {self.settings.boundary_knob, "max_num_seqs"} - {None}
         flags = self.candidate_flags(params)
         if not self.schedules or self.schedules.fingerprint(flags) is not None:
@@ -687,8 +688,11 @@ class Sweep:
         known = [self.baseline_flags] if self.baseline_probe is not None else []
         known += [self.candidate_flags(t.params) for t in self.study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if measured(t)]
+        known = [other for other in known if self.schedules.fingerprint(other) is not None]
+        # one in flight may have no schedule yet: its first replicate will record it, most likely before the probe ends
+        known += [self.candidate_flags(p) for p in in_flight]
         return any(differs_in_scheduling_only(flags, other) and all(flags.get(k) == other.get(k) for k in knobs)
-                   and self.schedules.fingerprint(other) is not None for other in known)
+                   for other in known)
 
     def tell_same_schedule(self, trial: optuna.trial.Trial, twin: optuna.trial.FrozenTrial | str) -> None:
         """Flags whose recorded schedule is another configuration's, scheduling knobs apart: told that one's
@@ -736,10 +740,33 @@ class Sweep:
         if queue:
             self.say(f"resuming: {len(queue)} trial(s) an earlier run left in flight are measured first")
         asks_left = 5 * self.settings.n_trials + 20  # a sampler that only repeats itself must still end
-        probed: set[int] = set()  # trials whose schedule probe has run (once each, whatever it found)
+        probed: set[int] = set()  # trials to be told a twin's answer if they have one (after a probe or a wait)
+        probes_run = 0  # schedule probes: at most n_trials
+        taken_over = {t.number for t in queue}  # they keep their own comparisons
+        comparing: dict[int, optuna.trial.Trial] = {}  # trials whose own comparison runs now, on some slot
+        waiting: dict[int, list[optuna.trial.Trial]] = {}  # comparing trial -> trials of its schedule, for its answer
+
+        def in_flight_twin(trial: optuna.trial.Trial) -> optuna.trial.Trial | None:
+            """A trial being compared on another slot that may be this one's configuration: its recorded schedule
+            is this one's, or it has recorded none yet (its first replicates may be the baseline's) and differs
+            in scheduling knobs alone at the same max_num_seqs and boundary knob. Its answer comes first: then
+            this one is told it, or compared. (With one slot nothing is in flight while a trial starts.)"""
+            flags = self.candidate_flags(trial.params)
+            if trial.number in taken_over or self.schedules.fingerprint(flags) is None:
+                return None
+            knobs = {self.settings.boundary_knob, "max_num_seqs"} - {None}
+            for other in comparing.values():
+                if other.number == trial.number:  # its own comparison, started again after a fault
+                    continue
+                theirs = self.candidate_flags(other.params)
+                if self.schedules.same(flags, theirs) or (
+                        self.schedules.fingerprint(theirs) is None and differs_in_scheduling_only(flags, theirs)
+                        and all(flags.get(k) == theirs.get(k) for k in knobs)):
+                    return other
+            return None
 
         def start(slot: int) -> Comparison | None:
-            nonlocal asks_left
+            nonlocal asks_left, probes_run
             while True:
                 while not queue:
                     if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
@@ -761,12 +788,18 @@ class Sweep:
                 # its schedule probe has run: its twin's answer, if it has one (a trial taken over on a resume
                 # keeps its own comparison)
                 twin = self.schedule_twin(trial.params) if trial.number in probed else None
+                if twin is None and (running := in_flight_twin(trial)) is not None:
+                    waiting.setdefault(running.number, []).append(trial)  # told when that one is answered
+                    self.say(f"trial {trial.number} {trial.params}: waits for trial {running.number}, being compared "
+                             "now, which may be the same engine schedule")
+                    continue
                 if twin is None:
                     break
                 del self.open[trial.number]
                 self.tell_same_schedule(trial, twin)
-            if trial.number not in probed and len(probed) < self.settings.n_trials \
-                    and self.schedule_probe_wanted(trial.params):  # (at most n_trials probes)
+            if trial.number not in probed and probes_run < self.settings.n_trials \
+                    and self.schedule_probe_wanted(trial.params, [t.params for t in comparing.values()]):
+                probes_run += 1
                 comp = self.comparison(f"schedule probe {resume_key(trial)}", "probe", {}, 1, slot,
                                        arms={CANDIDATE: self.candidate_flags(trial.params)}, order=[CANDIDATE])
                 comp.trial, comp.probe = trial, ("schedule",)
@@ -774,6 +807,7 @@ class Sweep:
             comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot,
                                    lead=leader(trial.number))
             comp.trial = trial
+            comparing[trial.number] = trial
             return comp
 
         def finish(comp: Comparison) -> None:
@@ -786,7 +820,11 @@ class Sweep:
                 probed.add(trial.number)  # (a run that failed fails its comparison too, blamed as usual)
                 queue.insert(0, trial)
                 return
-            del self.open[trial.number]
+            del self.open[trial.number], comparing[trial.number]
+            # the trials that waited for this answer: told it next (or compared, if it failed)
+            for later in reversed(waiting.pop(trial.number, [])):
+                probed.add(later.number)
+                queue.insert(0, later)
             if comp.discarded:
                 trial.set_user_attr("discarded_comparisons", comp.discarded)
             fault = comp.fault()
