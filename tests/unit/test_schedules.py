@@ -223,3 +223,73 @@ def test_with_two_slots_a_schedule_in_flight_on_one_is_not_compared_again_on_the
     assert len({t.params["max_num_seqs"] for t in told}) >= 3  # three schedules answered twins in flight
     assert all(t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["same_schedule_as"].startswith("trial ")
                for t in told)
+
+
+class FaultyTwoSlots(TwoSlots):
+    """Two slots whose every `every`-th search replicate is lost to the slot (a node or actor fault): its
+    comparison starts again from scratch."""
+
+    def __init__(self, engine, spec, price, every: int) -> None:
+        super().__init__(engine, spec, price)
+        self.every, self.search_jobs = every, 0
+
+    def wait(self):
+        from throttle_sweep.measure import failed_record, record_header
+
+        job = self.queue[0]
+        if job.context.get("stage") == "search":
+            self.search_jobs += 1
+            if self.search_jobs % self.every == 0:
+                self.queue.pop(0)
+                header = record_header(self.engine, job.flags, self.spec, self.price, run_id="t", arm=job.arm,
+                                       position=job.position, environment={},
+                                       context={**job.context, "slot": f"s{job.slot}"})
+                return [(job, failed_record(header, "node died", infrastructure=True))]
+        return super().wait()
+
+
+def test_trials_waiting_for_a_twin_whose_comparison_is_lost_are_all_answered(tmp_path, monkeypatch):
+    """A comparison lost to its slot starts again; the trials waiting for its answer wait behind it. None is
+    ever left open (RUNNING), which would also hold a place in the trial budget for good."""
+    monkeypatch.setattr(sweep_cmd, "make_pool", lambda cfg, engine, spec, price, **_: (
+        FaultyTwoSlots(engine, spec, price, every=7), lambda: None))
+    study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "faulty", "study.n_trials=6")
+    assert [r for r in records if r.get("infrastructure")]
+    assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    by_number = {t.number: t for t in study.trials}
+    twins = [by_number[int(t.user_attrs["same_schedule_as"].removeprefix("trial "))] for t in study.trials
+             if t.user_attrs.get("source") == "schedule" and t.user_attrs["same_schedule_as"].startswith("trial ")]
+    assert [t for t in twins if t.user_attrs.get("discarded_comparisons")]  # answered after its comparison was lost
+
+
+class FirstRunLost(TwoSlots):
+    """One slot whose first replicate of every comparison's first attempt is lost to the slot."""
+
+    size = 1
+    slots = [0]  # noqa: RUF012 - one fixed slot
+
+    def wait(self):
+        from throttle_sweep.measure import failed_record, record_header
+
+        job = self.queue[0]
+        if job.context.get("stage") == "search" and job.position == 0 and "~" not in job.context["key"]:
+            self.queue.pop(0)
+            header = record_header(self.engine, job.flags, self.spec, self.price, run_id="t", arm=job.arm,
+                                   position=job.position, environment={}, context={**job.context, "slot": "s0"})
+            return [(job, failed_record(header, "node died", infrastructure=True))]
+        return super().wait()
+
+
+def test_a_comparison_started_again_is_never_probed_against_itself(tmp_path, monkeypatch):
+    """One slot: a comparison lost to its slot starts again as it was, with no schedule probe in between (a
+    trial in flight is never its own neighbour)."""
+    monkeypatch.setattr(sweep_cmd, "make_pool", lambda cfg, engine, spec, price, **_: (
+        FirstRunLost(engine, spec, price), lambda: None))
+    study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "again", "study.n_trials=6")
+    lost = {r["trial"] for r in records if r.get("infrastructure")}
+    assert len(lost) >= 3
+    for r in records:
+        if r["key"].startswith("schedule probe") and r["trial"] in lost:
+            first_search = min(x["started_at"] for x in records if x["trial"] == r["trial"] and x["stage"] == "search")
+            assert r["started_at"] < first_search, f"trial {r['trial']} was probed after its comparison began"
+    assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]

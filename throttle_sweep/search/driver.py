@@ -741,7 +741,7 @@ class Sweep:
             self.say(f"resuming: {len(queue)} trial(s) an earlier run left in flight are measured first")
         asks_left = 5 * self.settings.n_trials + 20  # a sampler that only repeats itself must still end
         probed: set[int] = set()  # trials to be told a twin's answer if they have one (after a probe or a wait)
-        probes_run = 0  # schedule probes: at most n_trials
+        probe_started: set[int] = set()  # trials whose schedule probe was started (at most n_trials of them)
         taken_over = {t.number for t in queue}  # they keep their own comparisons
         comparing: dict[int, optuna.trial.Trial] = {}  # trials whose own comparison runs now, on some slot
         waiting: dict[int, list[optuna.trial.Trial]] = {}  # comparing trial -> trials of its schedule, for its answer
@@ -766,7 +766,7 @@ class Sweep:
             return None
 
         def start(slot: int) -> Comparison | None:
-            nonlocal asks_left, probes_run
+            nonlocal asks_left
             while True:
                 while not queue:
                     if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
@@ -797,9 +797,10 @@ class Sweep:
                     break
                 del self.open[trial.number]
                 self.tell_same_schedule(trial, twin)
-            if trial.number not in probed and probes_run < self.settings.n_trials \
-                    and self.schedule_probe_wanted(trial.params, [t.params for t in comparing.values()]):
-                probes_run += 1
+            others = [t.params for n, t in comparing.items() if n != trial.number]
+            if trial.number not in probed and (trial.number in probe_started or len(probe_started) < self.settings.n_trials) \
+                    and self.schedule_probe_wanted(trial.params, others):
+                probe_started.add(trial.number)
                 comp = self.comparison(f"schedule probe {resume_key(trial)}", "probe", {}, 1, slot,
                                        arms={CANDIDATE: self.candidate_flags(trial.params)}, order=[CANDIDATE])
                 comp.trial, comp.probe = trial, ("schedule",)
@@ -814,7 +815,10 @@ class Sweep:
             trial = comp.trial
             if comp.retry():
                 self._again(comp)
-                queue.insert(0, trial)
+                # it runs again from the queue: not in flight meanwhile, and those waiting for it wait behind it
+                # (they wait for it again once it restarts)
+                comparing.pop(trial.number, None)
+                queue[:0] = [trial, *waiting.pop(trial.number, [])]
                 return
             if comp.probe is not None:  # a schedule probe: next, the trial is told its twin's answer or compared
                 probed.add(trial.number)  # (a run that failed fails its comparison too, blamed as usual)
@@ -868,7 +872,13 @@ class Sweep:
                      f"[{attrs['ci'][0]:.3f}, {attrs['ci'][1]:.3f}] {analysis.verdict}, {flag}{early}; best so far: "
                      f"{best.params if best else None}")
 
-        self.run_comparisons(start, finish)
+        while True:
+            self.run_comparisons(start, finish)
+            if not waiting:
+                return
+            # nothing runs, yet some wait (for a comparison that ended without finishing): never left open
+            for number in list(waiting):
+                queue.extend(waiting.pop(number))
 
     def best(self) -> optuna.trial.FrozenTrial | None:
         ranked = self.ranked(1)
