@@ -681,7 +681,6 @@ class Sweep:
         boundary knob: if the run shows that one's schedule, it answers them for a single run instead of a
         comparison (search/schedules.py). Values of those knobs themselves nearly always schedule differently,
         so they are compared without one."""
-        knobs = {self.settings.boundary_knob, "max_num_seqs"} - {None}
         flags = self.candidate_flags(params)
         if not self.schedules or self.schedules.fingerprint(flags) is not None:
             return False
@@ -691,8 +690,13 @@ class Sweep:
         known = [other for other in known if self.schedules.fingerprint(other) is not None]
         # one in flight may have no schedule yet: its first replicate will record it, most likely before the probe ends
         known += [self.candidate_flags(p) for p in in_flight]
-        return any(differs_in_scheduling_only(flags, other) and all(flags.get(k) == other.get(k) for k in knobs)
-                   for other in known)
+        return any(self.may_share_schedule(flags, other) for other in known)
+
+    def may_share_schedule(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        """Could two configurations run one schedule: scheduling knobs apart the same flags, and the same
+        max_num_seqs and boundary knob (values of those nearly always schedule differently)?"""
+        knobs = {self.settings.boundary_knob, "max_num_seqs"} - {None}
+        return differs_in_scheduling_only(a, b) and all(a.get(k) == b.get(k) for k in knobs)
 
     def tell_same_schedule(self, trial: optuna.trial.Trial, twin: optuna.trial.FrozenTrial | str) -> None:
         """Flags whose recorded schedule is another configuration's, scheduling knobs apart: told that one's
@@ -754,14 +758,12 @@ class Sweep:
             flags = self.candidate_flags(trial.params)
             if trial.number in taken_over or self.schedules.fingerprint(flags) is None:
                 return None
-            knobs = {self.settings.boundary_knob, "max_num_seqs"} - {None}
             for other in comparing.values():
                 if other.number == trial.number:  # its own comparison, started again after a fault
                     continue
                 theirs = self.candidate_flags(other.params)
                 if self.schedules.same(flags, theirs) or (
-                        self.schedules.fingerprint(theirs) is None and differs_in_scheduling_only(flags, theirs)
-                        and all(flags.get(k) == theirs.get(k) for k in knobs)):
+                        self.schedules.fingerprint(theirs) is None and self.may_share_schedule(flags, theirs)):
                     return other
             return None
 
