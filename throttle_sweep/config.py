@@ -133,6 +133,7 @@ class Config:
     study: StudyConf = field(default_factory=StudyConf)
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
+    slots: int | None = None  # sweeps on this machine: engine slots side by side; null: one per core (CPU build)
     ray: RayConf = field(default_factory=RayConf)
     server: ServerConf = field(default_factory=ServerConf)
     endpoint: EndpointConf = field(default_factory=EndpointConf)

@@ -1,5 +1,5 @@
-"""Engine slots. A slot owns one engine and measures one replicate at a time; the driver hands out
-replicates and gets records back, so it alone writes. `LocalPool` is one slot in this process; the Ray
+"""Engine slots. A slot owns its engines and measures one replicate at a time; the driver hands out
+replicates and gets records back, so it alone writes. `LocalPool` is this machine's slots (`slots`); the Ray
 pool in cluster.py has one actor per slot.
 
 `wait` never raises for a lost replicate: it returns a failed record. `infrastructure: true` in it means
@@ -7,9 +7,14 @@ the slot itself was lost (its node died), not that the flags failed; such a slot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from throttle_sweep.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -31,25 +36,110 @@ class Pool(Protocol):
 
 
 MeasureFn = Callable[[Mapping[str, Any], str, int, Mapping[str, Any]], dict[str, Any]]
+WAIT_SLICE_S = 0.5  # the driver waits in slices, so Ctrl-C and SIGTERM are handled at once
 
 
 class LocalPool:
-    """One slot, in this process: `wait` measures the job that was submitted."""
+    """Slots on this machine, one `measure` each. One slot measures in the driver's thread when `wait` is called.
+    Several slots each get a thread that hands the slot's replicates to its engine processes and waits for
+    them (the engines work in their own processes); records come back to the driver's thread, the one writer.
+    A measure that raises raises in the driver's thread, as with one slot."""
 
-    size = 1
-    slots = [0]  # noqa: RUF012 - one fixed slot
+    def __init__(self, measures: MeasureFn | Sequence[MeasureFn]) -> None:
+        self._measures = [measures] if callable(measures) else list(measures)
+        if not self._measures:
+            raise ValueError("a pool needs at least one slot")
+        self.size = len(self._measures)
+        self.slots = list(range(self.size))
+        self._queue: list[Job] = []  # one slot: measured in `wait`
+        self._done: queue.Queue[tuple[Job, dict[str, Any] | BaseException]] = queue.Queue()
+        self._inboxes: list[queue.Queue[Job | None]] = []
+        self._threads: list[threading.Thread] = []
+        if self.size > 1:
+            for slot in self.slots:
+                self._inboxes.append(queue.Queue())
+                thread = threading.Thread(target=self._serve, args=(slot,), daemon=True,
+                                          name=f"throttle-sweep-slot-{slot}")
+                thread.start()
+                self._threads.append(thread)
 
-    def __init__(self, measure: MeasureFn) -> None:
-        self._measure = measure
-        self._queue: list[Job] = []
+    def _run(self, job: Job) -> dict[str, Any]:
+        return self._measures[job.slot](job.flags, job.arm, job.position, {**job.context, "slot": f"local-{job.slot}"})
+
+    def _serve(self, slot: int) -> None:
+        inbox = self._inboxes[slot]
+        while (job := inbox.get()) is not None:
+            try:
+                outcome: dict[str, Any] | BaseException = self._run(job)
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver's thread, which raises it
+                outcome = exc
+            self._done.put((job, outcome))
 
     def submit(self, job: Job) -> None:
-        self._queue.append(job)
+        if self.size == 1:
+            self._queue.append(job)
+        else:
+            self._inboxes[job.slot].put(job)
 
     def wait(self) -> list[tuple[Job, dict[str, Any]]]:
-        job = self._queue.pop(0)
-        record = self._measure(job.flags, job.arm, job.position, {**job.context, "slot": f"local-{job.slot}"})
-        return [(job, record)]
+        if self.size == 1:
+            job = self._queue.pop(0)
+            return [(job, self._run(job))]
+        while True:
+            try:
+                done = [self._done.get(timeout=WAIT_SLICE_S)]
+                break
+            except queue.Empty:
+                continue
+        while True:  # and every other replicate that is done too
+            try:
+                done.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        failed = [(job, o) for job, o in done if isinstance(o, BaseException)]
+        if failed:  # the records that came with it are returned first, so that they are written
+            good = [(job, o) for job, o in done if not isinstance(o, BaseException)]
+            for item in failed if good else failed[1:]:
+                self._done.put(item)  # raised by a later wait
+            if not good:
+                raise failed[0][1]
+            return good  # type: ignore[return-value]
+        return done  # type: ignore[return-value]
 
     def close(self) -> None:
+        """Stop the slots' threads (a replicate under way ends when its slot's engines are closed)."""
         self._queue.clear()
+        for inbox in self._inboxes:
+            inbox.put(None)
+        self._inboxes, self._threads = [], []
+
+
+def local_slots(requested: int | None, *, backend: str, cpu_engine: bool) -> tuple[int, str]:
+    """How many slots this machine runs side by side, and why. `slots: null` (auto): one per group of cores an
+    engine uses (vLLM's CPU build: OMP_NUM_THREADS each), for the in-process CPU engine; one otherwise. On GPUs
+    several slots need one device each, which Ray gives them (ray.enabled); an endpoint is one set of servers."""
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
+        raise ConfigError(f"slots must be an integer >= 1 or null (one per free group of cores on the CPU build), "
+                          f"but got {requested!r}")
+    if requested is not None and requested > 1:
+        if backend == "endpoint":
+            raise ConfigError(f"slots={requested}: backend=endpoint measures your servers, which several slots would "
+                              "load at once and so measure each other; use slots=1")
+        if backend in ("vllm", "server") and not cpu_engine:
+            raise ConfigError(f"slots={requested}: several engines on this machine's GPUs need one device each; use "
+                              "ray.enabled=true, whose slots each get their own GPU (ray.slots)")
+        return requested, "slots"
+    if requested == 1:
+        return 1, "slots=1"
+    if backend != "vllm" or not cpu_engine:
+        return 1, "auto: one engine at a time"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        threads = 1
+    count = max(1, min(cores // threads, MAX_AUTO_SLOTS))
+    return count, f"auto: {cores} core(s), {threads} thread(s) per engine"
+
+
+MAX_AUTO_SLOTS = 4  # more engines side by side share the memory bus and the driver's core

@@ -103,6 +103,19 @@ def warm_engines_from(cfg: DictConfig) -> dict[str, Any]:
             "engine_warmup": c.engine_warmup}
 
 
+def slots_from(cfg: DictConfig) -> tuple[int, str]:
+    """How many slots a sweep runs on this machine (pool.local_slots), checked; Ray has its own (ray.slots)."""
+    from throttle_sweep.engines.vllm_inproc import cpu_build
+    from throttle_sweep.pool import local_slots
+
+    if cfg.ray.enabled:
+        if cfg.slots is not None:
+            raise ConfigError(f"slots={cfg.slots} counts slots on this machine; with ray.enabled=true the cluster's "
+                              "slots are ray.slots")
+        return 0, "ray"
+    return local_slots(cfg.slots, backend=cfg.backend, cpu_engine=cfg.backend in ("vllm", "server") and cpu_build())
+
+
 def arm_flags(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Engine flags for one arm: `base` with non-null `overrides` on top; nulls mean vLLM's default."""
     flags = {k: v for k, v in dict(base).items() if v is not None}

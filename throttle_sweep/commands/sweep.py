@@ -40,6 +40,7 @@ from throttle_sweep.settings import (
     plain,
     preflight,
     price_from,
+    slots_from,
     warm_engines_from,
     workload_from,
 )
@@ -125,6 +126,7 @@ def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
     settings = settings_from(cfg)
     warm_engines_from(cfg)  # checked before anything starts
+    slots_from(cfg)
     name, out, storage = study_location(cfg)
     source = f"space '{space_name()}' ({space_file(space_name())})"
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
@@ -331,18 +333,25 @@ def stop_on_sigterm():
 
 def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str, out: Path,
               say: Callable[[str], None]):
-    """One local slot, or Ray actors (cluster.py) when ray.enabled."""
+    """This machine's slots (`slots`), or Ray actors (cluster.py) when ray.enabled."""
     if cfg.ray.enabled:
         from throttle_sweep.cluster import make_ray_pool
 
         return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say)
-    # the slot reads the environment where the engines run: the driver need not import vLLM
-    slot = WarmSlot(engine, spec, price, run_id=run_id, **warm_engines_from(cfg))
-    slot.warm_up()
-    pool = LocalPool(slot.measure)
+    count, why = slots_from(cfg)
+    if count > 1:
+        say(f"{count} slots on this machine ({why}; slots=1 for one): each comparison runs all its replicates on "
+            "one slot, side by side with the others")
+    # a slot reads the environment where its engines run: the driver need not import vLLM
+    slots = [WarmSlot(engine, spec, price, run_id=run_id, name=f"local-{i}", **warm_engines_from(cfg))
+             for i in range(count)]
+    for slot in slots:
+        slot.warm_up()
+    pool = LocalPool([slot.measure for slot in slots])
 
     def close() -> None:
         pool.close()
-        slot.close()
+        for slot in slots:
+            slot.close()
 
     return pool, close

@@ -1,0 +1,131 @@
+"""Two local slots against one, on the real engine (vLLM CPU, the embedded tiny model, the default workload):
+is a comparison still honest when another engine runs beside it on this machine's other core, and how much
+sooner do the answers come? In interleaved rounds (one slot, then two; then two, then one), A/A comparisons
+as a sweep runs them (abba 4+4, the default warm-engine policy; the candidate differs only in `seed`, which
+moves no cost with fixed-length outputs): with one slot alone, and with two slots each running its own A/A
+comparisons at the same time. Prints, for each: false verdicts (should be at most alpha), the spread of the
+A/A ratios, the spread of the runs around each comparison's fit, the cost level (how much slower a run is
+with a neighbour), and comparisons answered per minute of wall time; then the two-slot/one-slot ratios.
+
+    .venv/bin/python benchmarks/local_slots.py [--rounds 2] [--per-round 5] [--max-num-seqs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections import defaultdict
+
+from throttle_sweep.analysis import analyse
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import VllmInprocEngine
+from throttle_sweep.pool import Job, LocalPool
+from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
+from throttle_sweep.slot import WarmSlot
+from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
+from throttle_sweep.workload import WorkloadSpec
+
+SPEC = WorkloadSpec(num_requests=16, prompt_len=96, output_len=64, concurrency=16)  # conf/workload/closed_loop
+FLAGS = {"max_model_len": 1024, "kv_cache_memory_bytes": 2359296, "enforce_eager": True}  # conf/engine/tiny_cpu
+
+
+def comparisons(pool: LocalPool, slots: int, count: int, first: int, flags: dict) -> tuple[list[list[dict]], float]:
+    """`count` A/A comparisons on each of `slots` slots, all slots at once; the records of each, and the wall time."""
+    todo = {s: [first + s * count + i for i in range(count)] for s in range(slots)}
+    current: dict[int, tuple[int, list[str], list[dict]]] = {}
+    done: list[list[dict]] = []
+
+    def start(slot: int) -> None:
+        if not todo[slot]:
+            return
+        c = todo[slot].pop(0)
+        order = make_schedule("abba", 4, seed=c, lead=BASELINE if c % 2 == 0 else CANDIDATE)
+        current[slot] = (c, order, [])
+        submit(slot)
+
+    def submit(slot: int) -> None:
+        c, order, records = current[slot]
+        arm = order[len(records)]
+        arm_flags = {**flags, "seed": 0 if arm == BASELINE else c + 1}
+        pool.submit(Job(slot, arm_flags, arm, len(records), {"comparison": c, "stage": "search"}))
+
+    began = time.perf_counter()
+    for slot in range(slots):
+        start(slot)
+    while current:
+        for job, record in pool.wait():
+            assert record["status"] == "ok", record.get("reason")
+            c, order, records = current[job.slot]
+            records.append(record)
+            if len(records) == len(order):
+                done.append(records)
+                del current[job.slot]
+                start(job.slot)
+            else:
+                submit(job.slot)
+    return done, time.perf_counter() - began
+
+
+def residual_sd(records: list[dict]) -> float:
+    """The spread of a comparison's runs around arm + linear drift (what its interval is made of)."""
+    import numpy as np
+
+    y = np.log([r["steady"]["usd_per_mtok"] for r in records])
+    x = np.column_stack([np.ones(len(y)), [r["arm"] == CANDIDATE for r in records], np.arange(len(y))])
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    return float(math.sqrt(resid @ resid / (len(y) - 3)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--per-round", type=int, default=5, help="A/A comparisons per slot in each phase")
+    parser.add_argument("--max-num-seqs", type=int, default=4)
+    args = parser.parse_args()
+    engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds()
+    flags = {**FLAGS, "max_num_seqs": args.max_num_seqs}
+    slots = [WarmSlot(engine, SPEC, price, run_id="bench", name=f"local-{i}") for i in range(2)]
+    for slot in slots:
+        slot.warm_up()
+    pools = {1: LocalPool([slots[0].measure]), 2: LocalPool([s.measure for s in slots])}
+    results: dict[int, list[list[dict]]] = defaultdict(list)
+    walls: dict[int, float] = defaultdict(float)
+    began, first = time.perf_counter(), 0
+    try:
+        comparisons(pools[2], 2, 1, 10_000, flags)  # both engine processes import vLLM and warm up, unmeasured
+        for r in range(args.rounds):
+            for n in ((1, 2) if r % 2 == 0 else (2, 1)):
+                done, wall = comparisons(pools[n], n, args.per_round, first, flags)
+                first += n * args.per_round
+                results[n] += done
+                walls[n] += wall
+                print(f"round {r + 1}, {n} slot(s): {len(done)} A/A comparisons in {wall:.0f} s", flush=True)
+    finally:
+        for pool in pools.values():
+            pool.close()
+        for slot in slots:
+            slot.close()
+    summary = {}
+    for n in (1, 2):
+        analyses = [analyse(records, thresholds, cost="steady") for records in results[n]]
+        ratios = [a.estimate.ratio for a in analyses if a.estimate]
+        false = sum(a.verdict in (CHEAPER, PRICIER) for a in analyses)
+        level = statistics.median(r["steady"]["usd_per_mtok"] for records in results[n] for r in records)
+        spread = statistics.stdev(math.log(x) for x in ratios)
+        within = statistics.fmean(residual_sd(records) for records in results[n])
+        rate = 60 * len(analyses) / walls[n]
+        summary[n] = (level, spread, within, rate)
+        print(f"{n} slot(s): {false} of {len(analyses)} false verdicts (alpha {thresholds.alpha}); A/A ratios "
+              f"{min(ratios):.4f}..{max(ratios):.4f}, sd of log ratio {100 * spread:.2f}%; runs around each fit: "
+              f"sd {100 * within:.2f}%; median cost ${level:.4f}/M; {rate:.2f} comparisons a minute")
+    (l1, s1, w1, r1), (l2, s2, w2, r2) = summary[1], summary[2]
+    print(f"two slots / one: cost level {l2 / l1:.3f}, A/A ratio spread {s2 / s1:.2f}, run spread {w2 / w1:.2f}, "
+          f"comparisons a minute {r2 / r1:.2f}")
+    print(f"took {time.perf_counter() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
