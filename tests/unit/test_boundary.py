@@ -248,3 +248,25 @@ def test_a_search_started_near_a_boundary_that_finds_none_knows_which_side_is_cl
     b = dirty.boundary.summary()
     assert (b["last_clean"], b["first_preempting"]) == (None, 32 << 20)  # every size preempts, the largest too
     assert dirty.boundary.feasible(1 << 20) is False and dirty.boundary.feasible(16 << 20) is False
+
+
+def test_a_sampler_that_only_repeats_itself_is_followed_by_the_clean_points_nearest_the_boundary(tmp_path,
+                                                                                                 monkeypatch):
+    """The main command once stopped after 6 trials because TPE proposed only flags already answered, and never
+    tried max_num_seqs=7, beside the boundary (8/9), where the cheapest point usually lies. When the sampler
+    only repeats, the search takes the unanswered clean points nearest the boundary, within the trial budget."""
+    monkeypatch.setattr(sweep_cmd, "make_sampler", lambda *a, **k: optuna.samplers.PartialFixedSampler(
+        {"max_num_seqs": 2}, optuna.samplers.RandomSampler(seed=0)))
+    cfg = compose_cfg("backend=fake", *WORK, f"engine.kv_cache_memory_bytes={KV}", "+space=batching",
+                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+                      "~space.max_num_batched_tokens", "study.name=repeats",
+                      "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=1",
+                      "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name="repeats", storage=f"sqlite:///{tmp_path / 'repeats' / 'study.db'}")
+    (found,) = study.user_attrs["boundaries"]
+    edge = found["last_clean"]
+    assert found["first_preempting"] == edge + 1 < 32 and edge - 3 > 2, found
+    measured = sorted(t.params["max_num_seqs"] for t in study.trials
+                      if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
+    assert measured == [2, edge - 3, edge - 2, edge - 1, edge]

@@ -576,6 +576,20 @@ class Sweep:
             return math.inf
         return abs(boundary.values.index(params[knob]) - clean)
 
+    def nearest_unanswered(self) -> dict[str, Any] | None:
+        """The clean point nearest a boundary (probed or between clean probes) that nothing answers yet, or None."""
+        answers = self.answers()
+        points = []
+        for boundary in self.boundaries.values():
+            clean, _ = boundary.edge()
+            if not boundary.settled or clean is None:
+                continue
+            for value in boundary.values:
+                point = {**boundary.others, boundary.knob: value}
+                if self.known_feasible(point) is True and flags_key(point) not in answers:
+                    points.append(point)
+        return min(points, key=self.edge_distance, default=None)
+
     def close_beyond_boundary(self, trial: optuna.trial.Trial) -> None:
         """A proposal the probes already show preempting: told infeasible at once, not run. Its value is the
         nearest probe's, so the sampler learns where the infeasible region is."""
@@ -773,6 +787,12 @@ class Sweep:
                 while not queue:
                     if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
                         return None
+                    if asks_left <= 0 and (point := self.nearest_unanswered()) is not None:
+                        # the sampler only repeats itself: the clean points nearest a boundary come next, where
+                        # the cheapest point usually lies (asked like any other, so the sampler learns them)
+                        self.say(f"search: the sampler repeats itself; next, {point}, beside the boundary")
+                        self.study.enqueue_trial(point, skip_if_exists=False)
+                        asks_left = 1
                     if asks_left <= 0:
                         if asks_left == 0:
                             self.say("search: the sampler kept proposing flags already answered (measured, or the "
