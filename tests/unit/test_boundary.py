@@ -11,6 +11,7 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.records import read_records
 from throttle_sweep.search.boundary import BoundarySearch, describe, knob_values, predicted_last_clean
 
 
@@ -270,3 +271,25 @@ def test_a_sampler_that_only_repeats_itself_is_followed_by_the_clean_points_near
     measured = sorted(t.params["max_num_seqs"] for t in study.trials
                       if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
     assert measured == [2, edge - 3, edge - 2, edge - 1, edge]
+
+
+def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedule_twins(tmp_path, monkeypatch):
+    """max_num_batched_tokens 2048, 4096 and 8192 never bind for this work: at one max_num_seqs they are one
+    configuration. Once the sampler only repeats, the next points are max_num_seqs values nothing has answered
+    yet, not other token budgets at a max_num_seqs already measured (the main command compared
+    max_num_seqs=6 twice that way)."""
+    monkeypatch.setattr(sweep_cmd, "make_sampler", lambda *a, **k: optuna.samplers.PartialFixedSampler(
+        {"max_num_seqs": 2, "max_num_batched_tokens": 2048}, optuna.samplers.RandomSampler(seed=0)))
+    cfg = compose_cfg("backend=fake", *WORK, f"engine.kv_cache_memory_bytes={KV}", "+space=batching",
+                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+                      "space.max_num_batched_tokens.choices=[2048,4096,8192]", "study.name=twins",
+                      "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=1",
+                      "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name="twins", storage=f"sqlite:///{tmp_path / 'twins' / 'study.db'}")
+    edge = study.user_attrs["boundaries"][0]["last_clean"]
+    measured = sorted(t.params["max_num_seqs"] for t in study.trials
+                      if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
+    assert measured == [2, edge - 3, edge - 2, edge - 1, edge]
+    records = read_records(tmp_path / "twins" / "replicates.jsonl")
+    assert not [r["key"] for r in records if r["key"].startswith("schedule probe")]

@@ -218,7 +218,7 @@ def test_with_two_slots_a_schedule_in_flight_on_one_is_not_compared_again_on_the
     by_seqs = Counter(t.params["max_num_seqs"] for t in compared)
     for t in compared:  # a schedule compared twice: only once the schedule probes' budget (n_trials) is spent
         if by_seqs[t.params["max_num_seqs"]] > 1:
-            assert t.number not in probed and len(probed) == 6, [x.params for x in compared]
+            assert t.number not in probed and len(probed) == 3 * 6, [x.params for x in compared]
     told = [t for t in study.trials if t.user_attrs.get("source") == "schedule"]
     assert len({t.params["max_num_seqs"] for t in told}) >= 3  # three schedules answered twins in flight
     assert all(t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["same_schedule_as"].startswith("trial ")
@@ -293,3 +293,16 @@ def test_a_comparison_started_again_is_never_probed_against_itself(tmp_path, mon
             first_search = min(x["started_at"] for x in records if x["trial"] == r["trial"] and x["stage"] == "search")
             assert r["started_at"] < first_search, f"trial {r['trial']} was probed after its comparison began"
     assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_schedule_probes_outlast_a_trial_budget_spent_on_twins(tmp_path):
+    """Four token budgets that never bind, four trials: the grid takes each max_num_seqs at every budget in turn.
+    A probe is one run against a comparison's four: the twins the boundary probes did not already show are
+    each probed and told, and every measured trial is a new configuration. (With as many schedule probes as
+    trials, max_num_seqs=10 was compared twice, as the main command compared max_num_seqs=5 and 1.)"""
+    study, _ = two_knob_sweep(tmp_path, "[2048,4096,8192,16384]", "outlast", "study.n_trials=4")
+    compared = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+                and t.user_attrs.get("source") is None]
+    assert len(compared) == 4 and len({t.params["max_num_seqs"] for t in compared}) == 4, \
+        [t.params for t in compared]
+    assert len([t for t in study.trials if t.user_attrs.get("source") == "schedule"]) >= 3

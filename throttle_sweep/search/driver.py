@@ -272,6 +272,8 @@ def measured(trial: optuna.trial.FrozenTrial) -> bool:
         and a.get("source") not in ("probe", "boundary", "schedule")
 
 
+# a schedule probe is one run against a comparison's four or more: a sweep may run this many per trial it measures
+SCHEDULE_PROBES_PER_TRIAL = 3
 # what a trial answered by another configuration's schedule takes over from it
 SCHEDULE_ATTRS = ("verdict", "ratio", "ci", "p_value", "se_log", "df", "preemptions", "baseline_preemptions",
                   "p95_ttft_s", "p95_tpot_s", "p95_itl_s", "p95_e2e_s", "usd_per_mtok", "record_ids", "ran_on",
@@ -577,8 +579,12 @@ class Sweep:
         return abs(boundary.values.index(params[knob]) - clean)
 
     def nearest_unanswered(self) -> dict[str, Any] | None:
-        """The clean point nearest a boundary (probed or between clean probes) that nothing answers yet, or None."""
+        """The clean point nearest a boundary (probed or between clean probes) that is a new configuration: none
+        answered may share its schedule (search/schedules.py), so it is no twin of what is known. Or None."""
         answers = self.answers()
+        by_number = {t.number: t for t in self.study.get_trials(deepcopy=False)}
+        known = [self.candidate_flags(by_number[n].params) for n in answers.values() if n in by_number]
+        known += [self.baseline_flags]
         points = []
         for boundary in self.boundaries.values():
             clean, _ = boundary.edge()
@@ -586,7 +592,9 @@ class Sweep:
                 continue
             for value in boundary.values:
                 point = {**boundary.others, boundary.knob: value}
-                if self.known_feasible(point) is True and flags_key(point) not in answers:
+                flags = self.candidate_flags(point)
+                if self.known_feasible(point) is True and flags_key(point) not in answers and not any(
+                        self.may_share_schedule(flags, other) for other in known):
                     points.append(point)
         return min(points, key=self.edge_distance, default=None)
 
@@ -820,7 +828,7 @@ class Sweep:
                 del self.open[trial.number]
                 self.tell_same_schedule(trial, twin)
             others = [t.params for n, t in comparing.items() if n != trial.number]
-            if trial.number not in probed and (trial.number in probe_started or len(probe_started) < self.settings.n_trials) \
+            if trial.number not in probed and (trial.number in probe_started or len(probe_started) < SCHEDULE_PROBES_PER_TRIAL * self.settings.n_trials) \
                     and self.schedule_probe_wanted(trial.params, others):
                 probe_started.add(trial.number)
                 comp = self.comparison(f"schedule probe {resume_key(trial)}", "probe", {}, 1, slot,
