@@ -51,6 +51,7 @@ class LocalPool:
             raise ValueError("a pool needs at least one slot")
         self.size = len(self._measures)
         self.slots = list(range(self.size))
+        self.shares_machine = self.size > 1  # the slots share this machine's cores: confirmations run alone
         self._queue: list[Job] = []  # one slot: measured in `wait`
         self._done: queue.Queue[tuple[Job, dict[str, Any] | BaseException]] = queue.Queue()
         self._inboxes: list[queue.Queue[Job | None]] = []
@@ -106,11 +107,28 @@ class LocalPool:
             return good  # type: ignore[return-value]
         return done  # type: ignore[return-value]
 
+    def drain(self) -> list[dict[str, Any]]:
+        """The records of replicates that are done but not yet returned by `wait` (a sweep stopping mid-batch
+        writes them: nothing measured is lost)."""
+        records = []
+        while True:
+            try:
+                _, outcome = self._done.get_nowait()
+            except queue.Empty:
+                return records
+            if not isinstance(outcome, BaseException):
+                records.append(outcome)
+
     def close(self) -> None:
-        """Stop the slots' threads (a replicate under way ends when its slot's engines are closed)."""
+        """Tell the slots' threads to stop once their replicate is done (closing the slots' engines ends it)."""
         self._queue.clear()
         for inbox in self._inboxes:
             inbox.put(None)
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for the slots' threads to end (after `close` and the slots' own close)."""
+        for thread in self._threads:
+            thread.join(timeout)
         self._inboxes, self._threads = [], []
 
 

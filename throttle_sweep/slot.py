@@ -50,6 +50,7 @@ class WarmSlot:
         self.restart, self.restart_every, self.engines = restart, restart_every, engines
         self.engine_warmup, self.name = engine_warmup, name
         self.hosts: list[EngineHost] = []
+        self.closed = False  # closed by the driver's thread: a replicate still asked for gets no new engine
         self.runs = 0  # replicates handed out by this slot: the machine's drift clock on the fake engine
         self.started = 0
 
@@ -61,6 +62,11 @@ class WarmSlot:
 
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
                 ) -> dict[str, Any]:
+        if self.closed:  # shutting down (Ctrl-C): no engine process is started for it
+            header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
+                                   position=position, environment=self.environment or {"engine": self.engine.name},
+                                   context=context)
+            return failed_record(header, "the slot was shut down", failed_at="start", infrastructure=True)
         host = self._host_for(arm, flags)
         try:
             host.wait_ready()
@@ -80,7 +86,8 @@ class WarmSlot:
                 try:
                     other.sleep()  # its engine makes room on the GPU; it wakes for its next replicate
                 except EngineProcessDied:
-                    self.hosts.remove(other)
+                    if other in self.hosts:
+                        self.hosts.remove(other)
                     other.close(grace_s=1.0)
         same = host.key == lifetime_key(arm, flags)
         runs = (host.runs if same else 0) + 1  # on this engine, with this replicate
@@ -98,7 +105,8 @@ class WarmSlot:
 
     def _lost(self, host: EngineHost, header: dict[str, Any], exc: EngineProcessDied) -> dict[str, Any]:
         """The engine's process died: the replicate fails, and the next one gets a new process."""
-        self.hosts.remove(host)
+        if host in self.hosts:  # (the driver's thread may have closed the slot meanwhile)
+            self.hosts.remove(host)
         host.close(grace_s=1.0)
         return failed_record(header, str(exc), failed_at="run", engine_process=host.pid)
 
@@ -132,6 +140,7 @@ class WarmSlot:
         return EngineHost(self.engine, self.spec, self.price, name=f"{self.name}.{self.started}")
 
     def close(self) -> None:
-        for host in self.hosts:
+        self.closed = True
+        hosts, self.hosts = list(self.hosts), []
+        for host in hosts:
             host.close()
-        self.hosts.clear()

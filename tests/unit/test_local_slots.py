@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections import defaultdict
 
 import optuna
@@ -113,16 +114,17 @@ def test_a_sweep_on_two_slots_keeps_each_comparison_on_one_slot_and_both_busy(tm
     replicates share one slot, the two slots' work overlaps in time, and the answer is the one slot's."""
     def sweep(name, *extra):
         cfg = compose_cfg("backend=fake", "+space=batching", "~space.max_num_batched_tokens",
-                          "space.max_num_seqs.low=1", "space.max_num_seqs.high=12", "space.max_num_seqs.log=false",
-                          "workload.num_requests=16", "workload.concurrency=16", "workload.output_len=32",
-                          "engine.kv_cache_memory_bytes=524288", "engine.block_size=16", "compare.replicates=2",
+                          "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+                          "workload.num_requests=32", "workload.concurrency=32", "workload.prompt_len=16",
+                          "workload.output_len=48", "workload.warmup_requests=0",
+                          f"engine.kv_cache_memory_bytes={48 * 16 * 1024}", "engine.block_size=16", "compare.replicates=2",
                           "study.confirm_replicates=2", "study.n_trials=4", "fake.noise_sd=0.01",
                           f"study.name={name}", *extra, tmp_path=tmp_path)
         assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
         return study, read_records(tmp_path / name / "replicates.jsonl")
 
-    study, records = sweep("two", "slots=2")
+    study, records = sweep("two", "slots=2", "study.sequential=false")  # both confirmations at once
     by_comparison = defaultdict(set)
     for r in records:
         by_comparison[r["comparison"]].add(r["slot"])
@@ -135,7 +137,98 @@ def test_a_sweep_on_two_slots_keeps_each_comparison_on_one_slot_and_both_busy(tm
     zero = [span(r) for r in records if r["slot"] == "local-0"]
     one = [span(r) for r in records if r["slot"] == "local-1"]
     assert any(a0 < b1 and a1 < b0 for a0, b0 in zero for a1, b1 in one)  # the slots measured side by side
-    _, one_slot = sweep("one", "slots=1")
+    # confirmation, which quotes the answer, runs alone: one slot, nothing beside it
+    confirm = [span(r) for r in records if r["stage"] == "confirm"]
+    assert len({r["slot"] for r in records if r["stage"] == "confirm"}) == 1 and len(confirm) >= 8
+    first, last = min(a for a, _ in confirm), max(b for _, b in confirm)
+    assert not [r for r in records if r["stage"] != "confirm" and span(r)[1] > first and span(r)[0] < last]
+    assert {r["slots"] for r in records} == {2}
+    _, one_slot = sweep("one", "slots=1", "study.sequential=false")
     assert {r["slot"] for r in one_slot} == {"local-0"}
-    assert study.user_attrs["boundaries"] == optuna.load_study(
-        study_name="one", storage=f"sqlite:///{tmp_path / 'one' / 'study.db'}").user_attrs["boundaries"]
+    edge = [(b["last_clean"], b["first_preempting"], b["exact"]) for b in study.user_attrs["boundaries"]]
+    assert edge == [(b["last_clean"], b["first_preempting"], b["exact"]) for b in optuna.load_study(
+        study_name="one", storage=f"sqlite:///{tmp_path / 'one' / 'study.db'}").user_attrs["boundaries"]]
+
+
+class BothAtOnce:
+    """Two slots whose replicates finish together: `wait` returns both; one more sits done in `drain`."""
+
+    size, slots = 2, [0, 1]
+
+    def __init__(self, late=None):
+        self.queue, self.late = [], late
+
+    def submit(self, job):
+        self.queue.append(job)
+
+    def wait(self):
+        done, self.queue = self.queue, []
+        return [(job, {"status": "ok", "comparison": job.context["comparison"], "position": job.position,
+                       "slot": f"s{job.slot}", "preemptions": 0}) for job in done]
+
+    def drain(self):
+        return [self.late] if self.late else []
+
+    def close(self):
+        pass
+
+
+def probe_driver(pool, written):
+    from throttle_sweep.search.driver import Sweep, SweepSettings
+
+    flags = {"max_model_len": 1024}
+    return Sweep(study=optuna.create_study(), distributions={"max_num_seqs": optuna.distributions.IntDistribution(1, 8)},
+                 base_flags=flags, baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=pool,
+                 write=written.append, existing=[], settings=SweepSettings())
+
+
+def test_a_run_that_stops_on_one_record_of_a_batch_still_writes_the_others():
+    """Two slots finish at once and acting on the first stops the run (a failed baseline, Ctrl-C): the second
+    record was measured, so it is written too, and so is one another slot finished while the driver worked."""
+    from throttle_sweep.schedule import CANDIDATE
+    from throttle_sweep.search.driver import SweepStopped
+
+    written = []
+    late = {"status": "ok", "comparison": "late", "position": 0, "slot": "s1"}
+    sweep = probe_driver(BothAtOnce(late), written)
+    comps = iter([sweep.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
+                                   order=[CANDIDATE]) for slot, n in ((0, 2), (1, 3))])
+
+    def finish(comp):
+        raise SweepStopped("the baseline failed")
+
+    with pytest.raises(SweepStopped):
+        sweep.run_comparisons(lambda slot: next(comps, None), finish)
+    assert sorted(r["slot"] for r in written) == ["s0", "s1", "s1"] and late in written
+
+
+def test_closing_two_slots_while_both_measure_ends_every_engine_process_and_thread():
+    """Ctrl-C with two local slots: the driver's thread closes the slots while each slot's thread waits for
+    its engine (here both engines hang). Every engine process ends, both threads end, nothing raises."""
+    from throttle_sweep.cost import Price
+    from throttle_sweep.engines import FakeEngine, FakeKnobs
+    from throttle_sweep.slot import WarmSlot
+    from throttle_sweep.workload import WorkloadSpec
+
+    spec = WorkloadSpec(num_requests=8, prompt_len=16, output_len=32, concurrency=8, warmup_requests=0)
+    engine = FakeEngine(FakeKnobs(hang_when={"max_num_seqs": 1}))
+    slots = [WarmSlot(engine, spec, Price(), run_id="t", name=f"local-{i}", engine_warmup="none") for i in range(2)]
+    pool = LocalPool([s.measure for s in slots])
+    threads = list(pool._threads)  # noqa: SLF001 - what the pool runs
+    for slot in (0, 1):
+        pool.submit(Job(slot, {"max_num_seqs": 2, "kv_cache_memory_bytes": 1 << 20}, "candidate", 0))
+    deadline = time.monotonic() + 60
+    while not all(s.hosts and s.hosts[0].environment for s in slots):  # both engine processes are ready
+        assert time.monotonic() < deadline, "the engine processes never got ready"
+        time.sleep(0.1)
+    time.sleep(1.0)  # and their engines have started the replicate, and hang in it
+    processes = [h.process for s in slots for h in s.hosts]
+    began = time.monotonic()
+    pool.close()
+    for s in slots:
+        s.close()
+    pool.join(timeout=30)
+    assert time.monotonic() - began < 30
+    assert not any(t.is_alive() for t in threads)
+    assert not any(p.is_alive() for p in processes) and not any(s.hosts for s in slots)
+    assert all(r["status"] == "failed" for r in pool.drain())  # what the threads saw: their engines shut down

@@ -352,6 +352,7 @@ def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: st
     def close() -> None:
         pool.close()
         for slot in slots:
-            slot.close()
+            slot.close()  # a replicate under way on a slot's thread ends with its engine process
+        pool.join()
 
     return pool, close

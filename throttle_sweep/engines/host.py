@@ -80,6 +80,10 @@ class EngineHost:
         self.awake = False  # its engine holds device memory
         self._ready = False
         self._closed = False
+        # a slot's thread may be reading while the driver's thread closes (Ctrl-C with several local slots):
+        # the pipe is closed by whichever comes last, never under a read
+        self._lock = threading.Lock()
+        self._readers = 0
         self.environment: dict[str, Any] = {}  # the engine's machine, as the process sees it (once ready)
 
     @property
@@ -122,10 +126,19 @@ class EngineHost:
         return seconds
 
     def _receive(self, expected: str, when: str = "mid-replicate") -> Any:
+        with self._lock:
+            if self._closed:
+                raise EngineProcessDied(f"engine process {self.name} was shut down {when}")
+            self._readers += 1
         try:
             kind, payload = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise EngineProcessDied(self._death(when)) from exc
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self._closed and not self._readers:
+                    self._conn.close()
         if kind == "error":
             raise EngineProcessDied(f"engine process {self.name} could not start: {payload}")
         if kind != expected:  # an answer left over from an interrupted call: this process cannot be trusted
@@ -145,10 +158,12 @@ class EngineHost:
         return f"the engine's process died {when} (pid {self.pid}, {how})"
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Shut the engine down and end the process: politely, then SIGTERM, then SIGKILL. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Shut the engine down and end the process: politely, then SIGTERM, then SIGKILL. Idempotent, and safe
+        while another thread waits for this process's answer (it gets EngineProcessDied)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         atexit.unregister(self.close)
         with contextlib.suppress(Exception):
             self._conn.send(None)
@@ -159,7 +174,9 @@ class EngineHost:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
-        self._conn.close()
+        with self._lock:
+            if not self._readers:
+                self._conn.close()
         self.key = None
 
 

@@ -360,17 +360,27 @@ class Sweep:
         return search_stop(analysis.verdict, analysis.estimate, to_rank(best.user_attrs) if best else None,
                            comp.thresholds.alpha, shrink)
 
-    def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None]
-                        ) -> None:
+    def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
+                        alone: bool = False) -> None:
         """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones
-        (and may queue the work again, to start afresh). A comparison's replicates all run on its slot."""
+        (and may queue the work again, to start afresh). A comparison's replicates all run on its slot. `alone`:
+        one comparison at a time, where slots share one machine (local slots share its cores and memory bus)."""
+        try:
+            self._run_comparisons(start, finish, alone and getattr(self.pool, "shares_machine", False))
+        except BaseException:  # Ctrl-C, SIGTERM, a failed baseline: what other slots finished meanwhile is kept
+            for record in getattr(self.pool, "drain", list)():
+                self.write(record)
+            raise
+
+    def _run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
+                         alone: bool) -> None:
         running: dict[int, Comparison] = {}
         exhausted = False
         while True:
             if not self.pool.slots:
                 raise NoSlotsLeft("every engine slot was lost (their nodes died); the records and the study "
                                   "keep everything measured: run the same command again to resume")
-            for slot in self.pool.slots:
+            for slot in self.pool.slots[:1] if alone else self.pool.slots:
                 while slot not in running and not exhausted:
                     comp = start(slot)
                     if comp is None:
@@ -382,10 +392,12 @@ class Sweep:
                         self._submit(comp, running)
             if not running:
                 return
-            for job, record in self.pool.wait():
-                comp = running[job.slot]
+            batch = self.pool.wait()
+            for job, record in batch:  # every record is written before any is acted on (which may stop the run)
                 self.write(record)
-                comp.records[job.position] = record
+                running[job.slot].records[job.position] = record
+            for job, _ in batch:
+                comp = running[job.slot]
                 if comp.at_look() and comp.fault() is None:
                     comp.stopped = self.stop_rule(comp)
                 if comp.done():
@@ -400,7 +412,8 @@ class Sweep:
         arm = comp.order[position]
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
                    "trial": comp.trial.number if comp.trial else comp.source_trial,
-                   "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None}
+                   "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None,
+                   "slots": len(self.pool.slots)}  # how many slots measured side by side
         if comp.probe is not None:
             message = f"{comp.key} on slot {comp.slot}"
         else:
@@ -579,12 +592,22 @@ class Sweep:
         return abs(boundary.values.index(params[knob]) - clean)
 
     def nearest_unanswered(self) -> dict[str, Any] | None:
-        """The clean point nearest a boundary (probed or between clean probes) that is a new configuration: none
-        answered may share its schedule (search/schedules.py), so it is no twin of what is known. Or None."""
+        """The clean point nearest a boundary (probed or between clean probes) that is a new configuration: not
+        answered, not compared before (a comparison without a verdict would only be run again), and no twin of
+        what is known: recorded schedules decide where both are known (search/schedules.py), else any answered
+        configuration that may share its schedule rules it out. Or None."""
         answers = self.answers()
-        by_number = {t.number: t for t in self.study.get_trials(deepcopy=False)}
+        trials = self.study.get_trials(deepcopy=False)
+        tried = {flags_key(t.params) for t in trials if t.state.is_finished() and measured(t)} | set(answers)
+        by_number = {t.number: t for t in trials}
         known = [self.candidate_flags(by_number[n].params) for n in answers.values() if n in by_number]
-        known += [self.baseline_flags]
+        known.append(self.baseline_flags)
+
+        def twin(flags: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+            if self.schedules.fingerprint(flags) is not None and self.schedules.fingerprint(other) is not None:
+                return self.schedules.same(flags, other)
+            return self.may_share_schedule(flags, other)
+
         points = []
         for boundary in self.boundaries.values():
             clean, _ = boundary.edge()
@@ -593,8 +616,8 @@ class Sweep:
             for value in boundary.values:
                 point = {**boundary.others, boundary.knob: value}
                 flags = self.candidate_flags(point)
-                if self.known_feasible(point) is True and flags_key(point) not in answers and not any(
-                        self.may_share_schedule(flags, other) for other in known):
+                if self.known_feasible(point) is True and flags_key(point) not in tried and not any(
+                        twin(flags, other) for other in known):
                     points.append(point)
         return min(points, key=self.edge_distance, default=None)
 
@@ -996,7 +1019,9 @@ class Sweep:
             results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted, broken=broken,
                                         family=family, looks=len(comp.looks), stopped=comp.stopped))
 
-        self.run_comparisons(start, finish)
+        # the answer is quoted from these runs: with no other engine beside them on the machine (a neighbour's
+        # load that followed their arms could move the ratio; benchmarks/local_slots.py bounds it, not to zero)
+        self.run_comparisons(start, finish, alone=True)
         return results
 
     def run(self) -> SweepResult:
