@@ -293,3 +293,50 @@ def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedul
     assert measured == [2, edge - 3, edge - 2, edge - 1, edge]
     records = read_records(tmp_path / "twins" / "replicates.jsonl")
     assert not [r["key"] for r in records if r["key"].startswith("schedule probe")]
+
+
+def probed_sweep(distributions):
+    """A driver whose probes have run (the noiseless fake, three slots at once), nothing else measured yet."""
+    from throttle_sweep.search.driver import Sweep, SweepSettings
+
+    flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
+    sweep = Sweep(study=optuna.create_study(), distributions=distributions, base_flags=flags,
+                  baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=ParallelPool(),
+                  write=lambda r: None, existing=[], settings=SweepSettings(boundary_knob="max_num_seqs"))
+    sweep.find_boundaries()
+    return sweep
+
+
+def told(sweep, params, state, **attrs):
+    sweep.study.enqueue_trial(params)
+    trial = sweep.study.ask(sweep.distributions)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    sweep.study.tell(trial, 0.5 if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+
+
+def test_the_point_after_a_repeating_sampler_is_never_one_whose_own_comparison_already_ended():
+    """A comparison that ended without a verdict (its runs disagreed on the token count: no blame) answers
+    nothing for the sampler, but offering that point again after a repeating sampler would measure it again
+    and again, nearest the boundary as it is, until the budget is gone."""
+    sweep = probed_sweep({"max_num_seqs": IntDistribution(1, 32)})
+    edge = sweep.nearest_unanswered()
+    assert edge is not None
+    told(sweep, edge, optuna.trial.TrialState.FAIL, reason="token counts differ")
+    after = sweep.nearest_unanswered()
+    assert after is not None and after != edge and after["max_num_seqs"] == edge["max_num_seqs"] - 1
+
+
+def test_a_token_budget_whose_probes_show_another_schedule_is_a_new_configuration():
+    """max_num_batched_tokens=16 chunks every prefill of this work (16-token prompts, several a step), 8192
+    never binds: at one max_num_seqs their probes record different schedules, so measuring one leaves the
+    other a new configuration worth its own comparison; a budget whose schedule nothing shows is offered after."""
+    tokens = CategoricalDistribution([16, 8192])
+    sweep = probed_sweep({"max_num_seqs": IntDistribution(1, 32), "max_num_batched_tokens": tokens})
+    first = sweep.nearest_unanswered()
+    edge = first["max_num_seqs"]
+    other = {**first, "max_num_batched_tokens": 8192 if first["max_num_batched_tokens"] == 16 else 16}
+    a, b = (sweep.candidate_flags(p) for p in (first, other))
+    assert sweep.schedules.fingerprint(a) and sweep.schedules.fingerprint(b) and not sweep.schedules.same(a, b)
+    told(sweep, first, optuna.trial.TrialState.COMPLETE, ratio=0.5)
+    assert sweep.nearest_unanswered() == other, edge
