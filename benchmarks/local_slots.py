@@ -8,6 +8,10 @@ A/A ratios, the spread of the runs around each comparison's fit, the cost level 
 with a neighbour), and comparisons answered per minute of wall time; then the two-slot/one-slot ratios.
 
     .venv/bin/python benchmarks/local_slots.py [--rounds 2] [--per-round 5] [--max-num-seqs 4]
+
+`--beside N`: the worst case for bias instead. N A/A comparisons on slot 0 while slot 1 compares max_num_seqs 1
+against 8 (its load differs by arm), each of slot 1's comparisons led against slot 0's order; any effect of the
+neighbour that follows slot 0's arms moves slot 0's mean A/A ratio off 1.
 """
 
 from __future__ import annotations
@@ -68,6 +72,53 @@ def comparisons(pool: LocalPool, slots: int, count: int, first: int, flags: dict
     return done, time.perf_counter() - began
 
 
+def beside(pool: LocalPool, count: int, flags: dict, neighbour: tuple[int, int]) -> list[list[dict]]:
+    """`count` A/A comparisons on slot 0 while slot 1 compares max_num_seqs neighbour[0] against neighbour[1]
+    without pause, each of its comparisons led by the arm slot 0's current one does not lead with: the
+    neighbour's load differs by arm and runs against slot 0's order, the worst alignment for slot 0."""
+    todo, done = list(range(count)), []
+    current: dict[int, tuple[int, list[str], list[dict], dict]] = {}
+
+    def start(slot: int) -> None:
+        if slot == 0:
+            if not todo:
+                return
+            c = todo.pop(0)
+            lead = BASELINE if c % 2 == 0 else CANDIDATE
+            arms = {BASELINE: {**flags, "seed": 0}, CANDIDATE: {**flags, "seed": c + 1}}
+        else:
+            if 0 not in current:
+                return
+            c = 10_000 + len(done)
+            lead = CANDIDATE if current[0][1][0] == BASELINE else BASELINE
+            arms = {BASELINE: {**flags, "max_num_seqs": neighbour[0]}, CANDIDATE: {**flags, "max_num_seqs": neighbour[1]}}
+        current[slot] = (c, make_schedule("abba", 4, seed=c, lead=lead), [], arms)
+        submit(slot)
+
+    def submit(slot: int) -> None:
+        c, order, records, arms = current[slot]
+        arm = order[len(records)]
+        pool.submit(Job(slot, arms[arm], arm, len(records), {"comparison": c, "stage": "search"}))
+
+    start(0)
+    start(1)
+    while current:
+        for job, record in pool.wait():
+            assert record["status"] == "ok", record.get("reason")
+            c, order, records, _ = current[job.slot]
+            records.append(record)
+            if len(records) == len(order):
+                del current[job.slot]
+                if job.slot == 0:
+                    done.append(records)
+                start(job.slot)
+                if job.slot == 0 and 1 not in current:
+                    start(1)
+            else:
+                submit(job.slot)
+    return done
+
+
 def residual_sd(records: list[dict]) -> float:
     """The spread of a comparison's runs around arm + linear drift (what its interval is made of)."""
     import numpy as np
@@ -84,7 +135,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--per-round", type=int, default=5, help="A/A comparisons per slot in each phase")
     parser.add_argument("--max-num-seqs", type=int, default=4)
+    parser.add_argument("--beside", type=int, default=0,
+                        help="instead: this many A/A comparisons on slot 0 beside a max_num_seqs 1 vs 8 neighbour")
     args = parser.parse_args()
+    if args.beside:
+        return main_beside(args)
     engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds()
     flags = {**FLAGS, "max_num_seqs": args.max_num_seqs}
     slots = [WarmSlot(engine, SPEC, price, run_id="bench", name=f"local-{i}") for i in range(2)]
@@ -124,6 +179,34 @@ def main() -> None:
     (l1, s1, w1, r1), (l2, s2, w2, r2) = summary[1], summary[2]
     print(f"two slots / one: cost level {l2 / l1:.3f}, A/A ratio spread {s2 / s1:.2f}, run spread {w2 / w1:.2f}, "
           f"comparisons a minute {r2 / r1:.2f}")
+    print(f"took {time.perf_counter() - began:.0f} s")
+
+
+def main_beside(args) -> None:
+    engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds()
+    flags = {**FLAGS, "max_num_seqs": args.max_num_seqs}
+    slots = [WarmSlot(engine, SPEC, price, run_id="bench", name=f"local-{i}") for i in range(2)]
+    for slot in slots:
+        slot.warm_up()
+    pool = LocalPool([s.measure for s in slots])
+    began = time.perf_counter()
+    try:
+        comparisons(pool, 2, 1, 20_000, flags)  # both engine processes import vLLM and warm up, unmeasured
+        done = beside(pool, args.beside, flags, (1, 8))
+    finally:
+        pool.close()
+        for slot in slots:
+            slot.close()
+    analyses = [analyse(records, thresholds, cost="steady") for records in done]
+    logs = [math.log(a.estimate.ratio) for a in analyses if a.estimate]
+    false = sum(a.verdict in (CHEAPER, PRICIER) for a in analyses)
+    mean, se = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    t = 2.093 if len(logs) == 20 else 2.0  # t(0.975, 19)
+    print(f"A/A on slot 0 beside max_num_seqs 1 vs 8 on slot 1 (opposite leads): {false} of {len(analyses)} false "
+          f"verdicts (alpha {thresholds.alpha}); mean A/A ratio {math.exp(mean):.4f} "
+          f"[{math.exp(mean - t * se):.4f}, {math.exp(mean + t * se):.4f}] (a bias from the neighbour moves it off 1); "
+          f"sd of log ratio {100 * statistics.stdev(logs):.2f}%; runs around each fit: sd "
+          f"{100 * statistics.fmean(residual_sd(r) for r in done):.2f}%")
     print(f"took {time.perf_counter() - began:.0f} s")
 
 
