@@ -1,6 +1,7 @@
 """Time to a trustworthy answer on the real engine: the boundary-first, sequential sweep (scripts/demo: every
 max_num_seqs 2..16, probes first) against the earlier grid (max_num_seqs 2..14 step 2, fixed 2+2 screening
-and 4+4 confirmations, no probes), in interleaved rounds (old new, then new old). Prints engine-seconds (the
+and 4+4 confirmations, no probes, one slot), in interleaved rounds (old new, then new old); the new sweep runs on
+the slots its defaults give (on a 2-core CPU machine: two). Prints engine-seconds (the
 sum of every run's engine start and measured wall time), wall time, runs, the boundary each names and the
 winner, then the new/old ratios; the new sweep's boundary is checked against bare vLLM (LLM.generate).
 
@@ -22,7 +23,7 @@ import optuna
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ["+experiment=demo"]
-OLD = ["+experiment=demo", "+space.max_num_seqs.step=2", "space.max_num_seqs.high=14", "study.n_trials=7",
+OLD = ["+experiment=demo", "slots=1", "+space.max_num_seqs.step=2", "space.max_num_seqs.high=14", "study.n_trials=7",
        "compare.replicates=2", "study.boundary=none", "study.sequential=false", "study.same_schedule=false"]
 
 
@@ -35,10 +36,12 @@ def run(kind: str, out: Path) -> dict:
     wall = time.monotonic() - began
     if proc.returncode != 0:
         raise SystemExit(f"{kind} sweep failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    log = Path(tempfile.gettempdir()) / f"time_to_answer-{kind}.log"
+    log.write_text(proc.stdout)  # the sweep's own output, kept (the new arm is scripts/demo's sweep)
     records = [json.loads(line) for line in (out / name / "replicates.jsonl").read_text().splitlines()]
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / name / 'study.db'}")
-    boundary = next((line for line in proc.stdout.splitlines() if "preemption" in line and "boundary" in line
-                     or line.startswith("preemption starts")), "-")
+    boundary = next((line for line in proc.stdout.splitlines()
+                     if line.startswith(("preemption boundary", "preemption starts"))), "-")
     return {"engine_s": sum((r.get("wall_s") or 0) + (r.get("engine_start_s") or 0) for r in records),
             "wall_s": wall, "runs": len(records), "boundary": boundary.strip(),
             "found": (study.user_attrs.get("boundaries") or [None])[0],
