@@ -9,9 +9,10 @@ with a neighbour), and comparisons answered per minute of wall time; then the tw
 
     .venv/bin/python benchmarks/local_slots.py [--rounds 2] [--per-round 5] [--max-num-seqs 4]
 
-`--beside N`: the worst case for bias instead. N A/A comparisons on slot 0 while slot 1 compares max_num_seqs 1
-against 8 (its load differs by arm), each of slot 1's comparisons led against slot 0's order; any effect of the
-neighbour that follows slot 0's arms moves slot 0's mean A/A ratio off 1.
+`--beside N`: a neighbour whose load differs by arm instead. N A/A comparisons on slot 0 while slot 1 compares
+max_num_seqs 1 against 8, each of slot 1's comparisons led against slot 0's current one; any effect of the
+neighbour that follows slot 0's arms moves slot 0's mean A/A ratio off 1. (Not a strict worst case: slot 1's
+arms differ in run length, so the two orders drift apart within a comparison.)
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def comparisons(pool: LocalPool, slots: int, count: int, first: int, flags: dict
 def beside(pool: LocalPool, count: int, flags: dict, neighbour: tuple[int, int]) -> list[list[dict]]:
     """`count` A/A comparisons on slot 0 while slot 1 compares max_num_seqs neighbour[0] against neighbour[1]
     without pause, each of its comparisons led by the arm slot 0's current one does not lead with: the
-    neighbour's load differs by arm and runs against slot 0's order, the worst alignment for slot 0."""
+    neighbour's load differs by arm and starts against slot 0's order (its runs' lengths differ, so the
+    orders drift apart)."""
     todo, done = list(range(count)), []
     current: dict[int, tuple[int, list[str], list[dict], dict]] = {}
 

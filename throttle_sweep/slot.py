@@ -12,6 +12,7 @@ interval sees."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,7 @@ class WarmSlot:
         self.engine_warmup, self.name = engine_warmup, name
         self.hosts: list[EngineHost] = []
         self.closed = False  # closed by the driver's thread: a replicate still asked for gets no new engine
+        self._hosts_lock = threading.Lock()  # the slot's thread picks a host while the driver's thread may close
         self.runs = 0  # replicates handed out by this slot: the machine's drift clock on the fake engine
         self.started = 0
 
@@ -62,12 +64,13 @@ class WarmSlot:
 
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
                 ) -> dict[str, Any]:
-        if self.closed:  # shutting down (Ctrl-C): no engine process is started for it
+        with self._hosts_lock:
+            host = None if self.closed else self._host_for(arm, flags)
+        if host is None:  # shutting down (Ctrl-C): no engine process is started for it
             header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
                                    position=position, environment=self.environment or {"engine": self.engine.name},
                                    context=context)
             return failed_record(header, "the slot was shut down", failed_at="start", infrastructure=True)
-        host = self._host_for(arm, flags)
         try:
             host.wait_ready()
         except EngineProcessDied as exc:  # it never got to these flags: the slot's failure, not theirs
@@ -108,7 +111,9 @@ class WarmSlot:
         if host in self.hosts:  # (the driver's thread may have closed the slot meanwhile)
             self.hosts.remove(host)
         host.close(grace_s=1.0)
-        return failed_record(header, str(exc), failed_at="run", engine_process=host.pid)
+        # a replicate cut short by the slot's own shutdown says nothing of the flags
+        extra = {"infrastructure": True} if self.closed else {}
+        return failed_record(header, str(exc), failed_at="run", engine_process=host.pid, **extra)
 
     @property
     def sleeps(self) -> bool:
@@ -140,7 +145,8 @@ class WarmSlot:
         return EngineHost(self.engine, self.spec, self.price, name=f"{self.name}.{self.started}")
 
     def close(self) -> None:
-        self.closed = True
-        hosts, self.hosts = list(self.hosts), []
+        with self._hosts_lock:
+            self.closed = True
+            hosts, self.hosts = list(self.hosts), []
         for host in hosts:
             host.close()

@@ -325,6 +325,9 @@ def test_the_point_after_a_repeating_sampler_is_never_one_whose_own_comparison_a
     told(sweep, edge, optuna.trial.TrialState.FAIL, reason="token counts differ")
     after = sweep.nearest_unanswered()
     assert after is not None and after != edge and after["max_num_seqs"] == edge["max_num_seqs"] - 1
+    # a comparison stopped by a failing baseline (or a lost slot) answers nothing: its point stays on offer
+    told(sweep, after, optuna.trial.TrialState.FAIL, blame="baseline", reason="the baseline failed")
+    assert sweep.nearest_unanswered() == after
 
 
 def test_a_token_budget_whose_probes_show_another_schedule_is_a_new_configuration():

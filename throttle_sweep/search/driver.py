@@ -303,6 +303,7 @@ class Sweep:
         self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
         self.probe_records: dict[tuple[str, int], dict[str, Any]] = {}  # (others key, value index) -> first probe
         self.baseline_probe: dict[str, Any] | None = None
+        self._alone = False  # comparisons run one at a time now (confirmation, where slots share the machine)
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
@@ -365,12 +366,18 @@ class Sweep:
         """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones
         (and may queue the work again, to start afresh). A comparison's replicates all run on its slot. `alone`:
         one comparison at a time, where slots share one machine (local slots share its cores and memory bus)."""
+        self._alone = alone and getattr(self.pool, "shares_machine", False)
         try:
-            self._run_comparisons(start, finish, alone and getattr(self.pool, "shares_machine", False))
+            self._run_comparisons(start, finish, self._alone)
         except BaseException:  # Ctrl-C, SIGTERM, a failed baseline: what other slots finished meanwhile is kept
             for record in getattr(self.pool, "drain", list)():
-                self.write(record)
+                try:
+                    self.write(record)
+                except OSError:  # (a full disk: nothing is appended after a write that failed)
+                    break
             raise
+        finally:
+            self._alone = False
 
     def _run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
                          alone: bool) -> None:
@@ -413,7 +420,7 @@ class Sweep:
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
                    "trial": comp.trial.number if comp.trial else comp.source_trial,
                    "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None,
-                   "slots": len(self.pool.slots)}  # how many slots measured side by side
+                   "slots": 1 if self._alone else len(self.pool.slots)}  # how many measured side by side
         if comp.probe is not None:
             message = f"{comp.key} on slot {comp.slot}"
         else:
@@ -598,7 +605,11 @@ class Sweep:
         configuration that may share its schedule rules it out. Or None."""
         answers = self.answers()
         trials = self.study.get_trials(deepcopy=False)
-        tried = {flags_key(t.params) for t in trials if t.state.is_finished() and measured(t)} | set(answers)
+        # compared without a verdict (no one to blame: the runs disagreed): another comparison would only repeat
+        # it. A failed baseline or a lost slot answers nothing, so those points stay on offer
+        withheld = {flags_key(t.params) for t in trials
+                    if t.state == TrialState.FAIL and measured(t) and t.user_attrs.get("blame") is None}
+        tried = withheld | set(answers)
         by_number = {t.number: t for t in trials}
         known = [self.candidate_flags(by_number[n].params) for n in answers.values() if n in by_number]
         known.append(self.baseline_flags)
