@@ -256,21 +256,31 @@ def test_a_sampler_that_only_repeats_itself_is_followed_by_the_clean_points_near
     """The main command once stopped after 6 trials because TPE proposed only flags already answered, and never
     tried max_num_seqs=7, beside the boundary (8/9), where the cheapest point usually lies. When the sampler
     only repeats, the search takes the unanswered clean points nearest the boundary, within the trial budget."""
-    monkeypatch.setattr(sweep_cmd, "make_sampler", lambda *a, **k: optuna.samplers.PartialFixedSampler(
-        {"max_num_seqs": 2}, optuna.samplers.RandomSampler(seed=0)))
-    cfg = compose_cfg("backend=fake", *WORK, f"engine.kv_cache_memory_bytes={KV}", "+space=batching",
-                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
-                      "~space.max_num_batched_tokens", "study.name=repeats",
-                      "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=1",
-                      "plots=false", tmp_path=tmp_path)
-    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
-    study = optuna.load_study(study_name="repeats", storage=f"sqlite:///{tmp_path / 'repeats' / 'study.db'}")
+    study, _ = repeating_sweep(tmp_path, monkeypatch, "repeats", {"max_num_seqs": 2},
+                               "~space.max_num_batched_tokens")
     (found,) = study.user_attrs["boundaries"]
     edge = found["last_clean"]
     assert found["first_preempting"] == edge + 1 < 32 and edge - 3 > 2, found
-    measured = sorted(t.params["max_num_seqs"] for t in study.trials
-                      if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
-    assert measured == [2, edge - 3, edge - 2, edge - 1, edge]
+    assert measured_seqs(study) == [2, edge - 3, edge - 2, edge - 1, edge]
+
+
+def repeating_sweep(tmp_path, monkeypatch, name, fixed, *overrides):
+    """A five-trial fake sweep whose sampler proposes `fixed` every time: it only repeats itself."""
+    monkeypatch.setattr(sweep_cmd, "make_sampler", lambda *a, **k: optuna.samplers.PartialFixedSampler(
+        fixed, optuna.samplers.RandomSampler(seed=0)))
+    cfg = compose_cfg("backend=fake", *WORK, f"engine.kv_cache_memory_bytes={KV}", "+space=batching",
+                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+                      *overrides, f"study.name={name}", "study.n_trials=5", "compare.replicates=2",
+                      "study.confirm_replicates=2", "study.confirm_top=1", "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
+    return study, read_records(tmp_path / name / "replicates.jsonl")
+
+
+def measured_seqs(study):
+    """The max_num_seqs of the trials their own comparison answered."""
+    return sorted(t.params["max_num_seqs"] for t in study.trials
+                  if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
 
 
 def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedule_twins(tmp_path, monkeypatch):
@@ -278,20 +288,10 @@ def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedul
     configuration. Once the sampler only repeats, the next points are max_num_seqs values nothing has answered
     yet, not other token budgets at a max_num_seqs already measured (the main command compared
     max_num_seqs=6 twice that way)."""
-    monkeypatch.setattr(sweep_cmd, "make_sampler", lambda *a, **k: optuna.samplers.PartialFixedSampler(
-        {"max_num_seqs": 2, "max_num_batched_tokens": 2048}, optuna.samplers.RandomSampler(seed=0)))
-    cfg = compose_cfg("backend=fake", *WORK, f"engine.kv_cache_memory_bytes={KV}", "+space=batching",
-                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
-                      "space.max_num_batched_tokens.choices=[2048,4096,8192]", "study.name=twins",
-                      "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=1",
-                      "plots=false", tmp_path=tmp_path)
-    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
-    study = optuna.load_study(study_name="twins", storage=f"sqlite:///{tmp_path / 'twins' / 'study.db'}")
+    study, records = repeating_sweep(tmp_path, monkeypatch, "twins", {"max_num_seqs": 2, "max_num_batched_tokens": 2048},
+                                     "space.max_num_batched_tokens.choices=[2048,4096,8192]")
     edge = study.user_attrs["boundaries"][0]["last_clean"]
-    measured = sorted(t.params["max_num_seqs"] for t in study.trials
-                      if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
-    assert measured == [2, edge - 3, edge - 2, edge - 1, edge]
-    records = read_records(tmp_path / "twins" / "replicates.jsonl")
+    assert measured_seqs(study) == [2, edge - 3, edge - 2, edge - 1, edge]
     assert not [r["key"] for r in records if r["key"].startswith("schedule probe")]
 
 

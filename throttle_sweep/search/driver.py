@@ -303,7 +303,6 @@ class Sweep:
         self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
         self.probe_records: dict[tuple[str, int], dict[str, Any]] = {}  # (others key, value index) -> first probe
         self.baseline_probe: dict[str, Any] | None = None
-        self._alone = False  # comparisons run one at a time now (confirmation, where slots share the machine)
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
@@ -366,9 +365,8 @@ class Sweep:
         """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones
         (and may queue the work again, to start afresh). A comparison's replicates all run on its slot. `alone`:
         one comparison at a time, where slots share one machine (local slots share its cores and memory bus)."""
-        self._alone = alone and getattr(self.pool, "shares_machine", False)
         try:
-            self._run_comparisons(start, finish, self._alone)
+            self._run_comparisons(start, finish, alone and getattr(self.pool, "shares_machine", False))
         except BaseException:  # Ctrl-C, SIGTERM, a failed baseline: what other slots finished meanwhile is kept
             for record in getattr(self.pool, "drain", list)():
                 try:
@@ -376,8 +374,6 @@ class Sweep:
                 except OSError:  # (a full disk: nothing is appended after a write that failed)
                     break
             raise
-        finally:
-            self._alone = False
 
     def _run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
                          alone: bool) -> None:
@@ -396,7 +392,7 @@ class Sweep:
                         finish(comp)  # everything was measured before an interruption
                     else:
                         running[slot] = comp
-                        self._submit(comp, running)
+                        self._submit(comp, running, alone)
             if not running:
                 return
             batch = self.pool.wait()
@@ -412,15 +408,15 @@ class Sweep:
                     finish(comp)
                     exhausted = False  # finish may have queued the work again
                 else:
-                    self._submit(comp, running)
+                    self._submit(comp, running, alone)
 
-    def _submit(self, comp: Comparison, running: Mapping[int, Comparison]) -> None:
+    def _submit(self, comp: Comparison, running: Mapping[int, Comparison], alone: bool) -> None:
         position = comp.next_position()
         arm = comp.order[position]
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
                    "trial": comp.trial.number if comp.trial else comp.source_trial,
                    "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None,
-                   "slots": 1 if self._alone else len(self.pool.slots)}  # how many measured side by side
+                   "slots": 1 if alone else len(self.pool.slots)}  # how many measured side by side
         if comp.probe is not None:
             message = f"{comp.key} on slot {comp.slot}"
         else:
