@@ -157,6 +157,7 @@ class RayPool:
         # never imports the engine's code to find out (vLLM: seconds, and a GB of memory)
         self.environments: dict[int, dict[str, Any]] = {}
         self.pending: dict[Any, Pending] = {}
+        self._held: list[tuple[Job, dict[str, Any]]] = []  # returned by `wait`, not yet written by the driver
         self.took: dict[str, float] = {}  # flags -> the longest replicate (start + work) seen with them
         self.replaced = 0
         self.replacements: dict[int, int] = {}
@@ -200,16 +201,20 @@ class RayPool:
                 break
             expired = [ref for ref, p in self.pending.items() if p.deadline <= time.monotonic()]
             if expired:
-                return [self._expired(ref) for ref in expired]
+                before = len(self._held)
+                for ref in expired:
+                    self._held.append(self._expired(ref))
+                return self._held[before:]
         if rest:  # take every other replicate that is done too
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
-        done = []
+        before = len(self._held)
         for ref in ready:
-            pending = self.pending.pop(ref)
+            pending = self.pending[ref]
             try:
                 record = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor (or its node) died under the replicate
+                self.pending.pop(ref)
                 record = self._lost(pending, exc)
             else:
                 self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
@@ -218,8 +223,32 @@ class RayPool:
                 key = flags_key(pending.job.flags)
                 took = sum(record.get(k) or 0 for k in ("engine_start_s", "engine_warmup_s", "wall_s"))
                 self.took[key] = max(self.took.get(key, 0.0), took)
-            done.append((pending.job, record))
-        return done
+            self._held.append((pending.job, record))  # held before it leaves `pending`: a Ctrl-C loses neither
+            self.pending.pop(ref, None)
+        return self._held[before:]
+
+    def written(self, job: Job) -> None:
+        """The driver has written the record `wait` returned for `job`: the pool lets go of it."""
+        self._held = [item for item in self._held if item[0] is not job]
+
+    def drain(self) -> list[dict[str, Any]]:
+        """The records of replicates that are done and not yet written by the driver: returned by `wait` but
+        not `written`, or finished on an actor and not yet collected (a sweep stopping mid-batch writes them).
+        A replicate whose actor died meanwhile is not waited for."""
+        held, self._held = self._held, []
+        jobs = {id(job) for job, _ in held}
+        records = [record for _, record in held]
+        ready, _ = self._ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0) \
+            if self.pending else ([], [])
+        for ref in ready:
+            pending = self.pending.pop(ref)
+            if id(pending.job) in jobs:
+                continue
+            try:
+                records.append(self._ray.get(ref, timeout=5))
+            except Exception:  # noqa: BLE001 - a lost actor's replicate measured nothing to keep
+                continue
+        return records
 
     def _expired(self, ref: Any) -> tuple[Job, dict[str, Any]]:
         pending = self.pending.pop(ref)

@@ -32,6 +32,8 @@ class Pool(Protocol):
 
     def submit(self, job: Job) -> None: ...
     def wait(self) -> list[tuple[Job, dict[str, Any]]]: ...  # at least one finished job, with its record
+    def written(self, job: Job) -> None: ...  # the driver wrote that job's record: the pool may let it go
+    def drain(self) -> list[dict[str, Any]]: ...  # records finished and not yet written (a stopping run's)
     def close(self) -> None: ...
 
 
@@ -53,6 +55,7 @@ class LocalPool:
         self.slots = list(range(self.size))
         self.shares_machine = self.size > 1  # the slots share this machine's cores: confirmations run alone
         self._queue: list[Job] = []  # one slot: measured in `wait`
+        self._held: list[tuple[Job, Any]] = []  # returned by `wait`, not yet written by the driver
         self._done: queue.Queue[tuple[Job, dict[str, Any] | BaseException]] = queue.Queue()
         self._inboxes: list[queue.Queue[Job | None]] = []
         self._threads: list[threading.Thread] = []
@@ -83,34 +86,42 @@ class LocalPool:
             self._inboxes[job.slot].put(job)
 
     def wait(self) -> list[tuple[Job, dict[str, Any]]]:
+        """Finished replicates (at least one). Each stays held, and in `drain`, until the driver says it is
+        `written`: a Ctrl-C between taking a record and writing it loses nothing."""
+        before = len(self._held)
         if self.size == 1:
             job = self._queue.pop(0)
-            return [(job, self._run(job))]
-        while True:
-            try:
-                done = [self._done.get(timeout=WAIT_SLICE_S)]
-                break
+            self._held.append((job, self._run(job)))
+            return self._held[before:]
+        while len(self._held) == before:
+            try:  # taken straight into `_held`, never into a local that a Ctrl-C would drop
+                self._held.append(self._done.get(timeout=WAIT_SLICE_S))  # type: ignore[arg-type]
             except queue.Empty:
                 continue
         while True:  # and every other replicate that is done too
             try:
-                done.append(self._done.get_nowait())
+                self._held.append(self._done.get_nowait())  # type: ignore[arg-type]
             except queue.Empty:
                 break
-        failed = [(job, o) for job, o in done if isinstance(o, BaseException)]
+        new = self._held[before:]
+        failed = [item for item in new if isinstance(item[1], BaseException)]
         if failed:  # the records that came with it are returned first, so that they are written
-            good = [(job, o) for job, o in done if not isinstance(o, BaseException)]
-            for item in failed if good else failed[1:]:
+            new = [item for item in new if not isinstance(item[1], BaseException)]
+            self._held[before:] = new
+            for item in failed if new else failed[1:]:
                 self._done.put(item)  # raised by a later wait
-            if not good:
+            if not new:
                 raise failed[0][1]
-            return good  # type: ignore[return-value]
-        return done  # type: ignore[return-value]
+        return new
+
+    def written(self, job: Job) -> None:
+        """The driver has written the record `wait` returned for `job`: the pool lets go of it."""
+        self._held = [item for item in self._held if item[0] is not job]
 
     def drain(self) -> list[dict[str, Any]]:
-        """The records of replicates that are done but not yet returned by `wait` (a sweep stopping mid-batch
-        writes them: nothing measured is lost)."""
-        records = []
+        """The records of replicates that are done and not yet written by the driver: returned by `wait` but
+        not `written`, or not yet returned (a sweep stopping mid-batch writes them: nothing measured is lost)."""
+        records, self._held = [record for _, record in self._held], []
         while True:
             try:
                 _, outcome = self._done.get_nowait()

@@ -418,3 +418,44 @@ def test_a_tensor_parallel_slot_gives_its_engine_its_own_gpus_on_one_node(cluste
     assert len(held) == 2 and all(len(v) == 1 for v in held.values())  # a slot keeps its node and GPUs
     (a,), (b,) = held.values()
     assert a[0] != b[0] or not set(a[1]) & set(b[1])
+
+
+def test_what_ray_slots_finished_but_the_driver_did_not_write_is_in_drain(cluster):
+    """A sweep stopping mid-batch (Ctrl-C, a failed baseline) writes what `drain` gives: the records `wait`
+    returned that the driver has not written yet, and those finished on other actors that `wait` had not
+    collected. Before, a Ray pool had no drain: they were lost."""
+    import ray
+
+    from throttle_sweep.cluster import RayPool, SlotShape
+    from throttle_sweep.pool import Job
+
+    class QuickAndSlow:
+        """A slot actor without an engine: slot 0 answers at once, slot 1 after a second."""
+
+        def __init__(self, slot):
+            self.slot = slot
+
+        def where(self):
+            import ray
+
+            return {"slot": f"ray-{self.slot}", "node_id": ray.get_runtime_context().get_node_id(), "node_ip": "",
+                    "host": "", "gpu_ids": [], "pid": os.getpid(), "actor_id": ""}
+
+        def measure(self, flags, arm, position, context):
+            time.sleep(self.slot * 1.0)
+            return {"status": "ok", "record_id": f"ray-{self.slot}-{position}", "position": position}
+
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    try:  # (a class defined here travels to the workers by value; the tests are not importable there)
+        remote = ray.remote(num_cpus=0, max_restarts=0)(QuickAndSlow)
+        pool = RayPool(make_actor=remote.remote, shape=SlotShape(2, 0.0, 0.0, "test"), header=lambda job, env: {})
+        for slot in (0, 1):
+            pool.submit(Job(slot, {}, "candidate", slot))
+        first = pool.wait()
+        assert [r["record_id"] for _, r in first] == ["ray-0-0"]
+        time.sleep(3)  # slot 1 finishes; nobody waits for it
+        assert sorted(r["record_id"] for r in pool.drain()) == ["ray-0-0", "ray-1-1"]
+        assert pool.drain() == []
+        pool.close()
+    finally:
+        ray.shutdown()

@@ -234,3 +234,54 @@ def test_closing_two_slots_while_both_measure_ends_every_engine_process_and_thre
     assert not any(p.is_alive() for p in processes) and not any(s.hosts for s in slots)
     left = pool.drain()  # what the threads saw: their engines shut down, the slot's doing, never the flags'
     assert len(left) == 2 and all(r["status"] == "failed" and r["infrastructure"] for r in left), left
+
+
+def test_a_ctrl_c_while_the_driver_writes_a_batch_loses_none_of_its_records():
+    """A real SIGINT lands while the first record of a two-record batch is being written (the fsync is the
+    long part of a write). The sweep stops as Ctrl-C asks, but only after the batch is written: the second
+    record was measured too."""
+    import os
+    import signal
+
+    from throttle_sweep.schedule import CANDIDATE
+
+    written = []
+
+    def write(record):
+        written.append(record)
+        if len(written) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at the next bytecode
+
+    sweep = probe_driver(BothAtOnce(), written)
+    sweep._write = write  # noqa: SLF001 - the log's append
+    comps = iter([sweep.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
+                                   order=[CANDIDATE]) for slot, n in ((0, 2), (1, 3))])
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_comparisons(lambda slot: next(comps, None), lambda comp: None)
+    assert sorted(r["slot"] for r in written) == ["s0", "s1"]
+
+
+def test_records_that_wait_returned_stay_in_drain_until_the_driver_has_written_them():
+    """A stop that comes after `wait` returned and before the driver wrote what it returned (Ctrl-C between
+    the two) must not lose those records: `drain` still holds them until the driver says each is written."""
+    release = threading.Event()
+
+    def measure(flags, arm, position, context):
+        release.wait(30)
+        return {"status": "ok", "record_id": f"{context['slot']}-{position}", "position": position}
+
+    pool = LocalPool([measure, measure])
+    try:
+        for slot in (0, 1):
+            pool.submit(Job(slot, {}, "candidate", slot))
+        release.set()
+        returned = []
+        while len(returned) < 2:
+            returned += pool.wait()
+        assert sorted(r["record_id"] for _, r in returned) == ["local-0-0", "local-1-1"]
+        pool.written(returned[0][0])  # the driver wrote the first; Ctrl-C came before the second
+        assert [r["record_id"] for r in pool.drain()] == [returned[1][1]["record_id"]]
+        assert pool.drain() == []  # handed over once
+    finally:
+        pool.close()
+        pool.join()

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import signal
-import threading
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -44,6 +41,7 @@ from throttle_sweep.settings import (
     warm_engines_from,
     workload_from,
 )
+from throttle_sweep.signals import shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
@@ -159,7 +157,7 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     OmegaConf.save(cfg, out / "config.yaml")
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
-    closer, progress = None, None
+    closer, progress, sweep = None, None, None
     try:
         with stop_on_sigterm():
             pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say)
@@ -174,6 +172,8 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
             if closer is not None:
                 closer()
                 closer = None
+            if sweep is not None:  # a replicate that finished while the slots were being closed
+                sweep.keep_finished(cut_short=False)
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
             say(f"[bold yellow]{why}[/]: {len(log.records) - before} replicates measured in this run, every one in "
                 f"{log.path}; trials in flight stay open and the next run takes them over. Run the same command "
@@ -302,33 +302,6 @@ def _extremes(dist: Any) -> list[Any]:
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return list(dist.choices)
     return [dist.low, dist.high]
-
-
-@contextmanager
-def shielded():
-    """Ctrl-C and SIGTERM are ignored for the body (clean-up that must finish); main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextmanager
-def stop_on_sigterm():
-    """SIGTERM (a scheduler, `kill`, `ray job stop`) stops the sweep the way Ctrl-C does: cleanly."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str, out: Path,

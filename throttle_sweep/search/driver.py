@@ -30,6 +30,7 @@ from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_war
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
 from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
 from throttle_sweep.search.sequential import confirm_stop, look_ends, per_look, search_stop, to_rank
+from throttle_sweep.signals import deferred, shielded
 from throttle_sweep.stats import CHEAPER, Thresholds, clearly_lower
 
 
@@ -368,12 +369,21 @@ class Sweep:
         try:
             self._run_comparisons(start, finish, alone and getattr(self.pool, "shares_machine", False))
         except BaseException:  # Ctrl-C, SIGTERM, a failed baseline: what other slots finished meanwhile is kept
+            self.keep_finished()
+            raise
+
+    def keep_finished(self, *, cut_short: bool = True) -> None:
+        """Write what the slots finished and the driver has not written yet (a run that is stopping), with a
+        second Ctrl-C held off meanwhile. `cut_short=False` (after the slots were closed): not the replicates
+        the closing itself cut short, which are the shutdown's doing and say nothing of the flags."""
+        with shielded():
             for record in getattr(self.pool, "drain", list)():
+                if not cut_short and record.get("infrastructure"):
+                    continue
                 try:
                     self.write(record)
                 except OSError:  # (a full disk: nothing is appended after a write that failed)
                     break
-            raise
 
     def _run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
                          alone: bool) -> None:
@@ -396,9 +406,12 @@ class Sweep:
             if not running:
                 return
             batch = self.pool.wait()
-            for job, record in batch:  # every record is written before any is acted on (which may stop the run)
-                self.write(record)
-                running[job.slot].records[job.position] = record
+            written = getattr(self.pool, "written", lambda job: None)
+            with deferred():  # every record is written before any is acted on (which may stop the run), and
+                for job, record in batch:  # a Ctrl-C meanwhile waits until all are
+                    self.write(record)
+                    written(job)
+                    running[job.slot].records[job.position] = record
             for job, _ in batch:
                 comp = running[job.slot]
                 if comp.at_look() and comp.fault() is None:
