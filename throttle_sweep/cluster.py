@@ -60,13 +60,13 @@ class SlotShape:
     why: str
 
 
-def slot_shape(ray_conf: Mapping[str, Any], resources: Mapping[str, float], tensor_parallel: int) -> SlotShape:
-    """How many slots, and what each one holds: GPUs / tensor_parallel_size when the cluster has GPUs,
-    else the configured CPU slots; `slots` overrides the count and `max_slots` caps it."""
+def slot_shape(ray_conf: Mapping[str, Any], resources: Mapping[str, float], engine_gpus: int) -> SlotShape:
+    """How many slots, and what each one holds: GPUs / the GPUs of one engine (`engine_world`) when the
+    cluster has GPUs, else the configured CPU slots; `slots` overrides the count and `max_slots` caps it."""
     gpus = float(resources.get("GPU", 0))
     per_gpu = ray_conf.get("gpus_per_slot")
     if per_gpu is None:
-        per_gpu = float(tensor_parallel) if gpus > 0 else 0.0
+        per_gpu = float(engine_gpus) if gpus > 0 else 0.0
     if per_gpu < 0 or ray_conf["cpus_per_slot"] < 0:
         raise ClusterError("ray.gpus_per_slot and ray.cpus_per_slot must be >= 0")
     if ray_conf.get("slots") is not None:
@@ -80,6 +80,27 @@ def slot_shape(ray_conf: Mapping[str, Any], resources: Mapping[str, float], tens
     if count < 1:
         raise ClusterError(f"no engine slots: {why} gives {count}; the cluster has {dict(resources)}")
     return SlotShape(count, per_gpu, float(ray_conf["cpus_per_slot"]), why)
+
+
+def engine_world(engine_conf: Mapping[str, Any]) -> int:
+    """How many GPUs one engine uses: tensor x pipeline parallel, all on the slot's node. vLLM's multiprocess
+    executor (its default on one node) runs them as children of the engine process, so they inherit the GPUs
+    Ray gave the slot's actor. Its Ray executor would place its workers with Ray, outside the slot: refused."""
+    backend = engine_conf.get("distributed_executor_backend")
+    if backend == "ray":
+        raise ClusterError("engine.distributed_executor_backend=ray: a slot's engine runs in a child process of its "
+                           "Ray actor, which holds the slot's GPUs; vLLM's Ray executor would place its workers "
+                           "outside them. Leave it unset (vLLM's multiprocess workers use the slot's GPUs)")
+    tensor = int(engine_conf.get("tensor_parallel_size") or 1)
+    pipeline = int(engine_conf.get("pipeline_parallel_size") or 1)
+    return tensor * pipeline
+
+
+def share_a_machine(placements: Mapping[int, Mapping[str, Any]], shape: SlotShape) -> bool:
+    """Do these slots share one machine's cores and memory bus (CPU slots, all on one node)? Then a
+    neighbour's load could follow a comparison's arms, and confirmations run alone, as local slots' do."""
+    nodes = {p.get("node_id") for p in placements.values()}
+    return len(placements) > 1 and shape.num_gpus == 0 and len(nodes) == 1
 
 
 def hostable_slots(nodes: list[dict[str, Any]], shape: SlotShape) -> int:
@@ -178,6 +199,10 @@ class RayPool:
     @property
     def size(self) -> int:
         return len(self.actors)
+
+    @property
+    def shares_machine(self) -> bool:
+        return share_a_machine({slot: self.placement.get(slot, {}) for slot in self.actors}, self.shape)
 
     def timeout_for(self, job: Job) -> float:
         took = self.took.get(flags_key(job.flags))
@@ -521,10 +546,10 @@ def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Pr
     from throttle_sweep.settings import plain, warm_engines_from
 
     ray_conf = plain(cfg.ray)
+    world = engine_world(plain(cfg.engine) or {})  # before Ray starts
     stop = connect(ray_conf, out, say)
     try:
-        tensor_parallel = int((plain(cfg.engine) or {}).get("tensor_parallel_size") or 1)
-        shape = slot_shape(ray_conf, ray.cluster_resources(), tensor_parallel)
+        shape = slot_shape(ray_conf, ray.cluster_resources(), world)
         remote = ray.remote(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, max_restarts=0)(SlotActor)
         warm = warm_engines_from(cfg)
 

@@ -400,7 +400,11 @@ def test_ray_job_submit_runs_a_sweep_on_a_running_cluster(tmp_path):
         end_ray_started_in(temp)
     study = optuna.load_study(study_name="job", storage=f"sqlite:///{tmp_path / 'job' / 'study.db'}")
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 4 and "winner" in study.user_attrs
-    assert {r["slot"] for r in read_records(tmp_path / "job" / "replicates.jsonl")} == {"ray-0", "ray-1"}
+    records = read_records(tmp_path / "job" / "replicates.jsonl")
+    assert {r["slot"] for r in records} == {"ray-0", "ray-1"}
+    # two CPU slots on one node share its cores: confirmations run alone there, as local slots' do
+    confirm = [r for r in records if r["stage"] == "confirm"]
+    assert confirm and {r["slots"] for r in confirm} == {1} and most_at_once(confirm) == 1
 
 
 def test_a_tensor_parallel_slot_gives_its_engine_its_own_gpus_on_one_node(cluster, tmp_path):

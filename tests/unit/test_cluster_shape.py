@@ -54,3 +54,37 @@ def test_a_ray_address_where_nothing_listens_gets_a_clear_error_in_seconds(tmp_p
                                            "ray start --head"):
         connect(dict(cfg.ray), tmp_path, lambda _: None)
     assert time.monotonic() - began < 10
+
+
+@pytest.mark.parametrize(("engine", "gpus"), [
+    ({}, 1), ({"tensor_parallel_size": None}, 1), ({"tensor_parallel_size": 2}, 2),
+    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, 4),  # vLLM's world: tp x pp GPUs on one node
+    ({"pipeline_parallel_size": 3}, 3),
+])
+def test_a_slot_holds_every_gpu_of_its_engines_world(engine, gpus):
+    """A slot's engine uses tensor x pipeline parallel GPUs; a slot with fewer would make vLLM look for the
+    rest outside the slot (its Ray executor, when the world is larger than the GPUs it sees)."""
+    from throttle_sweep.cluster import engine_world
+
+    assert engine_world(engine) == gpus
+    assert slot_shape(CONF, {"CPU": 8.0, "GPU": 12.0}, engine_world(engine)).num_gpus == gpus
+
+
+def test_vllms_ray_executor_inside_a_slot_is_refused_before_any_slot_starts():
+    from throttle_sweep.cluster import engine_world
+
+    with pytest.raises(ClusterError, match="engine.distributed_executor_backend"):
+        engine_world({"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})
+
+
+@pytest.mark.parametrize(("placements", "gpus", "shares"), [
+    ([{"node_id": "a"}, {"node_id": "a"}], 0.0, True),  # CPU slots on one node share its cores and memory bus
+    ([{"node_id": "a"}, {"node_id": "b"}], 0.0, False),
+    ([{"node_id": "a"}, {"node_id": "a"}], 1.0, False),  # a GPU each: the measured work is on the GPU
+    ([{"node_id": "a"}], 0.0, False),  # one slot shares with nobody
+])
+def test_ray_cpu_slots_on_one_node_share_the_machine(placements, gpus, shares):
+    """Where they share a machine, confirmations run alone, as local slots do."""
+    from throttle_sweep.cluster import share_a_machine
+
+    assert share_a_machine(dict(enumerate(placements)), SlotShape(len(placements), gpus, 1.0, "")) is shares

@@ -285,3 +285,15 @@ def test_records_that_wait_returned_stay_in_drain_until_the_driver_has_written_t
     finally:
         pool.close()
         pool.join()
+
+
+def test_after_the_slots_are_closed_what_finished_is_written_but_not_what_the_closing_cut_short():
+    """A replicate can finish while a stopping run closes its slots: it is written. Those the closing itself
+    cut short (infrastructure) say nothing of the flags and are not."""
+    finished = {"status": "ok", "comparison": "c", "position": 1, "slot": "s1"}
+    cut = {"status": "failed", "comparison": "c", "position": 2, "slot": "s0", "infrastructure": True}
+    pool = BothAtOnce()
+    pool.drain = lambda: [finished, cut]
+    written = []
+    probe_driver(pool, written).keep_finished(cut_short=False)
+    assert written == [finished]
