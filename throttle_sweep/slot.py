@@ -18,12 +18,14 @@ from typing import Any
 
 from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Engine
+from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.engines.host import ENGINE_WARMUPS, EngineHost, EngineProcessDied, Task, lifetime_key
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import failed_record, record_header
 from throttle_sweep.workload import WorkloadSpec
 
 RESTART_POLICIES = ("never", "per_replicate", "every_k")
+SIZED_BY = ("kv_cache_memory_bytes", "num_gpu_blocks_override")  # flags that size the KV cache whatever else runs
 
 
 def check_restart(policy: str, every: int | None, warmup: str = "first") -> None:
@@ -54,6 +56,7 @@ class WarmSlot:
         self.closed = False  # closed by the driver's thread: a replicate still asked for gets no new engine
         self._hosts_lock = threading.Lock()  # the slot's thread picks a host while the driver's thread may close
         self.runs = 0  # replicates handed out by this slot: the machine's drift clock on the fake engine
+        self.kv_pins: dict[str, dict[str, Any]] = {}  # flags -> what gives them their KV capacity alone (GPU)
         self.started = 0
 
     def warm_up(self) -> None:
@@ -83,28 +86,45 @@ class WarmSlot:
             self.environment = host.environment
         header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
                                position=position, environment=self.environment, context=context)
+        same = host.key == lifetime_key(arm, flags)
+        pin, alone = None, False
         if self.sleeps:  # the engine starts with sleep mode on; the record keeps the arm's flags
-            header["engine_flags"] = self.engine.engine_flags({**flags, "enable_sleep_mode": True})
-            for other in [h for h in self.hosts if h is not host and h.awake]:
-                try:
-                    other.sleep()  # its engine makes room on the GPU; it wakes for its next replicate
+            pin, alone = self._kv_pin(flags, starts=not same)
+            header["engine_flags"] = self.engine.engine_flags({**flags, **(pin or {}), "enable_sleep_mode": True})
+            if pin is not None or alone:
+                header["kv_pin"] = {"solo": alone, **({"flags": pin} if pin else {})}
+            for other in [h for h in self.hosts if h is not host and (h.key if alone else h.awake)]:
+                try:  # its engine makes room on the GPU: asleep (it wakes for its next replicate), or shut down
+                    other.release() if alone else other.sleep()
                 except EngineProcessDied:
                     if other in self.hosts:
                         self.hosts.remove(other)
                     other.close(grace_s=1.0)
-        same = host.key == lifetime_key(arm, flags)
         runs = (host.runs if same else 0) + 1  # on this engine, with this replicate
         # an engine that will not be used again is shut down at once: it holds no memory while idle
         keep = self.restart == "never" or (self.restart == "every_k" and runs < self.restart_every)
         # a probe is one run that only counts preemptions (deterministic): it needs no warm engine, and it
         # warms the engine for a comparison that may follow on the same flags
         warmup = self.engine_warmup if context.get("stage") != "probe" else "none"
-        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps)
+        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps, pin=pin)
         self.runs += 1
         try:
-            return host.measure(task)
+            record = host.measure(task)
         except EngineProcessDied as exc:
             return self._lost(host, header, exc)
+        if alone and record["status"] == "ok" and (got := record["engine_lifetime"].get("kv_pin")):
+            self.kv_pins[flags_key(flags)] = got
+        return record
+
+    def _kv_pin(self, flags: Mapping[str, Any], *, starts: bool) -> tuple[dict[str, Any] | None, bool]:
+        """For an engine about to start on a GPU that other engines share asleep: the flags that give it the
+        KV capacity these flags had alone, and whether this start must itself be alone to find it out. An
+        engine asleep still holds some memory (its CUDA context, graph pools), which a new engine's memory
+        profile may count against its KV cache; a start with a pin gets the same capacity beside it."""
+        if not starts or any(flags.get(k) for k in SIZED_BY):  # a live engine; or the user sized the KV cache
+            return None, False
+        pin = self.kv_pins.get(flags_key(flags))
+        return (dict(pin), False) if pin is not None else (None, True)
 
     def _lost(self, host: EngineHost, header: dict[str, Any], exc: EngineProcessDied) -> dict[str, Any]:
         """The engine's process died: the replicate fails, and the next one gets a new process."""

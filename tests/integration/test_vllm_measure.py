@@ -111,6 +111,21 @@ def test_eight_in_flight_is_clearly_cheaper_than_one(engine):
     assert eight["usd_per_mtok"] < 0.6 * one["usd_per_mtok"], (one["usd_per_mtok"], eight["usd_per_mtok"])
 
 
+def test_a_kv_pin_gives_a_later_start_exactly_the_capacity_of_the_engine_it_came_from(engine):
+    """What a GPU slot keeping engines asleep relies on (slot.py): the pin read from one engine, passed to a
+    start that would otherwise size its KV cache differently, gives the same blocks."""
+    first = engine.start({**BASE, "kv_cache_memory_bytes": 2 << 20})
+    try:
+        blocks, pin = first.kv_blocks, first.kv_pin()
+    finally:
+        first.close()
+    later = engine.start({**BASE, **pin})  # BASE sizes the cache at 64 MiB: the pin must win
+    try:
+        assert blocks and later.kv_blocks == blocks and later.kv_block_size == first.kv_block_size
+    finally:
+        later.close()
+
+
 def test_engine_that_cannot_start_yields_a_failed_record_with_vllms_reason(engine):
     record = measure(engine, {"max_num_seqs": 8, "kv_cache_memory_bytes": 4096, "max_model_len": 1024})
     assert record["status"] == "failed" and record["failed_at"] == "start"

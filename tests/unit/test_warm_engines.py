@@ -102,8 +102,10 @@ def test_on_a_gpu_the_idle_engine_sleeps_so_that_two_fit(tmp_path):
     assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
     assert all(r["engine_flags"]["enable_sleep_mode"] is True and "enable_sleep_mode" not in r["flags"] for r in records)
     woke = [r["position"] for r in records if "engine_wake_s" in r]
-    assert woke == [3, 4, 5, 7]  # every switch back to an engine that had slept
-    assert len({r["engine_lifetime"]["id"] for r in records}) == 2 and not list(tmp_path.iterdir())
+    # every switch back to an engine that had slept; at 3 the baseline starts again (pinned), since the
+    # candidate's first start at 1 had the GPU to itself (the next test)
+    assert woke == [4, 5, 7]
+    assert len({r["engine_lifetime"]["id"] for r in records}) == 3 and not list(tmp_path.iterdir())
 
     s = slot(knobs, restart="per_replicate")  # one engine at a time: nothing sleeps, no sleep mode is measured
     s.environment = None
@@ -115,6 +117,38 @@ def test_on_a_gpu_the_idle_engine_sleeps_so_that_two_fit(tmp_path):
     records = run(s, "BC")
     assert records[0]["status"] == "ok" and records[1]["status"] == "failed"
     assert "fake GPU out of memory" in records[1]["reason"]
+
+
+def test_on_a_gpu_every_start_of_the_same_flags_gets_the_kv_capacity_it_had_alone(tmp_path):
+    """An engine asleep still holds some GPU memory (its CUDA context, graph pools), which a new engine's
+    memory profile counts against its KV cache: beside a sleeping engine an arm would get less KV than alone,
+    and preempt where alone it would not. A slot starts each set of flags alone once (the other engines are
+    shut down for it), pins the KV capacity it got, and starts them with that pin beside sleeping engines."""
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), asleep_holds_bytes=16 << 20)
+    s = slot(knobs)
+    s.environment = None  # read from the engine process: a (pretend) GPU
+    records = run(s, "BCCBCBBC")
+    assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
+    alone = (64 << 20) // (1024 * 128)  # the fake's GPU, alone: 512 blocks of 128 tokens
+    assert {r["kv_cache"]["blocks"] for r in records} == {alone}
+    started = [r for r in records if r["engine_start_s"] > 0]
+    assert [(r["position"], r["kv_pin"]["solo"]) for r in started] == [(0, True), (1, True), (3, False)]
+    assert started[2]["engine_flags"]["num_gpu_blocks_override"] == alone  # the record says how it was sized
+    assert "num_gpu_blocks_override" not in started[2]["flags"]
+
+
+def test_flags_that_size_the_kv_cache_themselves_need_no_solo_start(tmp_path):
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), asleep_holds_bytes=16 << 20)
+    s = slot(knobs)
+    s.environment = None
+    sized = {"kv_cache_memory_bytes": 8 << 20}
+    try:
+        records = [s.measure({**B, **sized} if a == "B" else {**C, **sized}, "baseline" if a == "B" else "candidate",
+                             i, {}) for i, a in enumerate("BCBC")]
+    finally:
+        s.close()
+    assert all(r["status"] == "ok" and "kv_pin" not in r for r in records)
+    assert len({r["engine_lifetime"]["id"] for r in records}) == 2  # nothing was shut down to start alone
 
 
 @pytest.mark.parametrize(("policy", "per_arm"), [({"restart": "per_replicate"}, 4),

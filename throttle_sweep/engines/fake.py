@@ -32,6 +32,7 @@ FAKE_FLAG_SCHEMA: dict[str, Any] = {
     "max_num_seqs": int | None,
     "max_num_batched_tokens": int | None,
     "kv_cache_memory_bytes": int | None,
+    "num_gpu_blocks_override": int | None,
     "block_size": int | None,
     "max_model_len": int | None,
     "seed": int | None,
@@ -70,6 +71,11 @@ class FakeKnobs:
     # wakes (vLLM's sleep mode, level 1) as a GPU engine must when a slot keeps two of them
     gpu_dir: str | None = None
     wake_s: float = 0.3  # what a wake-up costs (reloading the weights)
+    # on the pretend GPU, what an engine asleep still holds (its CUDA context, graph pools), which a new engine's
+    # memory profile counts against its KV cache when kv_cache_memory_bytes does not size it (the size a GPU
+    # engine would get from gpu_memory_utilization: gpu_kv_bytes when it is alone)
+    gpu_kv_bytes: int = 64 << 20
+    asleep_holds_bytes: int = 0
 
 
 class FakeSession:
@@ -81,8 +87,10 @@ class FakeSession:
         self.token_budget = int(flags.get("max_num_batched_tokens") or 8192)
         self.block_size = int(flags.get("block_size") or 128)
         self.chunked = flags.get("enable_chunked_prefill") is not False
-        kv_bytes = int(flags.get("kv_cache_memory_bytes") or 64 << 20)
+        kv_bytes = int(flags.get("kv_cache_memory_bytes") or self._profiled_kv_bytes())
         self.total_blocks = max(1, kv_bytes // (knobs.kv_bytes_per_token * self.block_size))
+        if flags.get("num_gpu_blocks_override"):  # vLLM's own override wins over any size
+            self.total_blocks = int(flags["num_gpu_blocks_override"])
         self.kv_blocks, self.kv_block_size = self.total_blocks, self.block_size
         self.lifetime_speed = self._lifetime(start_index)
         self._begun = False
@@ -115,6 +123,16 @@ class FakeSession:
         rng = random.Random(self.knobs.seed * 1_000_003 + index)
         self.speed = ((1.0 + self.knobs.drift_per_start * index) * math.exp(rng.gauss(0.0, self.knobs.noise_sd))
                       * self.lifetime_speed)
+
+    def _profiled_kv_bytes(self) -> int:
+        if self.knobs.gpu_dir is None:
+            return 64 << 20
+        sleepers = sum(p.name.endswith(".asleep") for p in Path(self.knobs.gpu_dir).iterdir())
+        return max(0, self.knobs.gpu_kv_bytes - sleepers * self.knobs.asleep_holds_bytes)
+
+    def kv_pin(self) -> dict[str, int]:
+        """The flags that give a later start this engine's KV capacity, whatever else holds the GPU."""
+        return {"num_gpu_blocks_override": self.total_blocks}
 
     def computed_tokens(self) -> dict[str, int]:
         return {seq["id"]: seq["computed"] for seq in self.running}
@@ -232,21 +250,28 @@ class FakeSession:
         if self.knobs.gpu_dir is None:
             return
         gpu = Path(self.knobs.gpu_dir)
-        holders = [p.name for p in gpu.iterdir() if p.name != self._marker]
+        holders = [p.name for p in gpu.iterdir() if p.name != self._marker and not p.name.endswith(".asleep")]
         if holders:
             raise EngineStartError(f"fake GPU out of memory: engine {holders[0]} is awake on it")
         (gpu / self._marker).touch()
 
-    def _release(self) -> None:
+    def _release(self, *, asleep: bool = False) -> None:
         if self.knobs.gpu_dir is not None:
             (Path(self.knobs.gpu_dir) / self._marker).unlink(missing_ok=True)
+            sleeping = Path(self.knobs.gpu_dir) / f"{self._marker}.asleep"
+            if asleep:
+                sleeping.touch()
+            else:
+                sleeping.unlink(missing_ok=True)
 
     def sleep(self) -> None:
         self.asleep = True
-        self._release()
+        self._release(asleep=True)
 
     def wake(self) -> None:
         self.claim()
+        if self.knobs.gpu_dir is not None:
+            (Path(self.knobs.gpu_dir) / f"{self._marker}.asleep").unlink(missing_ok=True)
         self.asleep = False
         self.clock += self.knobs.wake_s
 

@@ -45,9 +45,11 @@ class Task:
     arm: str = ""  # part of the lifetime's key: the two arms of a comparison never share an engine
     keep: bool = True  # keep the engine up after the replicate (False: a new engine for every replicate)
     sleep_mode: bool = False  # start the engine able to sleep (a GPU slot keeping two engines)
+    pin: Mapping[str, Any] | None = None  # flags for a new engine only: the KV capacity these flags had alone
 
 
 SLEEP = "sleep"  # the parent asks the process to put its engine to sleep (a GPU engine making room for another)
+RELEASE = "release"  # the parent asks the process to shut its engine down (the next start must be alone)
 
 
 def lifetime_key(arm: str, flags: Mapping[str, Any]) -> str:
@@ -125,6 +127,15 @@ class EngineHost:
         self.awake = False
         return seconds
 
+    def release(self) -> None:
+        """Shut the live engine down, keeping the process (and its imports). Raises EngineProcessDied."""
+        try:
+            self._conn.send(RELEASE)
+        except (BrokenPipeError, OSError) as exc:
+            raise EngineProcessDied(self._death("while idle")) from exc
+        self._receive("released", "while it shut its engine down")
+        self.key, self.runs, self.awake = None, 0, False
+
     def _receive(self, expected: str, when: str = "mid-replicate") -> Any:
         with self._lock:
             if self._closed:
@@ -192,6 +203,7 @@ class Lifetime:
     runs: int = 0
     warm: bool = False  # it has run the workload (a warm-up run or a replicate)
     asleep: bool = False
+    kv_pin: Mapping[str, Any] | None = None
 
 
 def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pid: int) -> None:
@@ -228,6 +240,12 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
                     life, slept = None, 0.0
                 conn.send(("slept", slept))
                 continue
+            if task == RELEASE:
+                if life is not None:
+                    close_quietly(life, {})
+                life = None
+                conn.send(("released", None))
+                continue
             life = run_task(engine, spec, price, task, life)
             conn.send(("record", task.record))
     finally:
@@ -245,14 +263,16 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
         life = None
     if life is None:
         try:
-            session = engine.start({**task.flags, "enable_sleep_mode": True} if task.sleep_mode else task.flags)
+            extra = {**(task.pin or {}), **({"enable_sleep_mode": True} if task.sleep_mode else {})}
+            session = engine.start({**task.flags, **extra})
         except EngineStartError as exc:
             record.update(status="failed", reason=str(exc), failed_at="start", ended_at=now_iso())
             return None
         except Exception as exc:  # noqa: BLE001 - an engine bug fails the replicate, not the process
             record.update(status="failed", reason=f"{type(exc).__name__}: {exc}", failed_at="start", ended_at=now_iso())
             return None
-        life = Lifetime(session, key, uuid.uuid4().hex[:12], session.start_seconds)
+        pin = session.kv_pin() if hasattr(session, "kv_pin") else None  # what gives a later start this capacity
+        life = Lifetime(session, key, uuid.uuid4().hex[:12], session.start_seconds, kv_pin=pin)
         record["engine_start_s"] = session.start_seconds
         global ENGINES_STARTED
         ENGINES_STARTED += 1
@@ -293,7 +313,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
     record["engine_lifetime"] = {"id": life.id, "replicate": life.runs, "pid": os.getpid(), "start_s": life.start_s,
                                  "warmup_s": life.warmup_s, "live": live,
                                  # the GPUs this engine (and vLLM's own workers, its children) can see
-                                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                 "kv_pin": dict(life.kv_pin) if life.kv_pin else None}
     record["ended_at"] = now_iso()
     life.runs += 1
     if not live:  # not kept, or failed (its state is then unknown): the next replicate starts a new engine

@@ -117,6 +117,11 @@ class VllmSession(WallClock):
         self.kv_blocks: int | None = blocks - 1 if isinstance(blocks, int) and blocks > 1 else None
         self.kv_block_size: int | None = getattr(cache, "block_size", None)
 
+    def kv_pin(self) -> dict[str, int] | None:
+        """The flag that gives a later start exactly this engine's KV capacity, whatever else holds the GPU:
+        vLLM's block count (its null block included), which wins over any memory size."""
+        return {"num_gpu_blocks_override": self.kv_blocks + 1} if self.kv_blocks is not None else None
+
     def begin_replicate(self, index: int) -> None:
         """A warm engine starts each replicate as a fresh one would: nothing cached from the one before (the
         workload's own shared prefixes still hit within a replicate)."""

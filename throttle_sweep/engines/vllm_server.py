@@ -93,6 +93,10 @@ class ServerSession(HttpSession):
     def explain(self, reason: str) -> str:
         return f"{reason}; server log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
 
+    def kv_pin(self) -> dict[str, int] | None:
+        """As the in-process engine's: `--num-gpu-blocks-override` with the block count the server reported."""
+        return {"num_gpu_blocks_override": self.kv_blocks + 1} if self.kv_blocks is not None else None
+
     def sleep(self) -> None:
         """vLLM sleep mode, level 1, through the dev-mode endpoint (the server was started with
         --enable-sleep-mode when its slot keeps two engines on one GPU)."""
