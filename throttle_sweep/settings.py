@@ -173,6 +173,21 @@ def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: st
     return None
 
 
+def shared_engine_note(warm: Mapping[str, Any]) -> str | None:
+    """A restart policy that lets replicates share an engine makes the interval blind to the engines' own
+    speed, which differs from engine to engine (benchmarks/warm_engines.py): say so before measuring."""
+    if warm["restart"] == "never":
+        return ("compare.restart=never: each arm's replicates share one engine, so the interval does not see how "
+                "engines differ in speed (on the real engine here: A/A log ratios spread 6.3% where the intervals "
+                "assumed 3.8%, a false-verdict rate nearer 0.12 than alpha); the default, per_replicate, samples a "
+                "new engine for every replicate")
+    if warm["restart"] == "every_k" and warm["restart_every"] > 1:
+        return (f"compare.restart=every_k with compare.restart_every={warm['restart_every']}: replicates on one "
+                "engine are treated as independent, so the interval under-counts how engines differ in speed; "
+                "the default, per_replicate, samples a new engine for every replicate")
+    return None
+
+
 def few_replicates_note(replicates: int, *, key: str) -> str | None:
     """Two runs per arm leave the drift-aware fit (intercept, arm, drift) one degree of freedom: say so before
     measuring, since such an interval decides only huge differences measured with very little noise."""

@@ -146,3 +146,19 @@ def test_two_runs_per_arm_are_flagged_before_anything_is_measured(tmp_path, repl
     assert (note in text) == (replicates == 2)
     if replicates == 2:
         assert text.index(note) < text.index("compare ")  # said before the first run
+
+
+@pytest.mark.parametrize(("policy", "said"), [(["compare.restart=never"], "compare.restart=never: each arm's"),
+                                              (["compare.restart=every_k", "compare.restart_every=2"],
+                                               "compare.restart_every=2: replicates on one engine"),
+                                              (["compare.restart=every_k", "compare.restart_every=1"], None),
+                                              ([], None)])
+def test_a_restart_policy_that_shares_engines_is_flagged_before_anything_is_measured(tmp_path, policy, said):
+    """Engines differ in speed; replicates that share one hide it from the interval: the user is told."""
+    console = Console(record=True, width=400)
+    cfg = compose_cfg(*NOISY, "run=shared", *policy, tmp_path=tmp_path)
+    assert compare_cmd.run(cfg, console) == 0
+    text = console.export_text()
+    assert ("the interval" in text and "differ in speed" in text) == (said is not None)
+    if said is not None:
+        assert said in text and text.index(said) < text.index("compare ")  # said before the first run

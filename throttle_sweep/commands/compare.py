@@ -27,6 +27,7 @@ from throttle_sweep.settings import (
     preflight,
     price_from,
     run_dir,
+    shared_engine_note,
     warm_engines_from,
     workload_from,
 )
@@ -71,8 +72,9 @@ def run(cfg: DictConfig, console: Console) -> int:
         if (note := concurrency_note(flags, spec, source=arm)) is not None:
             console.print(f"[yellow]note:[/] {note}", highlight=False)
     order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed, lead=cfg.compare.lead)
-    if (note := few_replicates_note(cfg.compare.replicates, key="compare.replicates")) is not None:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for note in (few_replicates_note(cfg.compare.replicates, key="compare.replicates"), shared_engine_note(warm)):
+        if note is not None:
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
     if cfg.compare.warmup_replicate:
         order = with_warmup(order)
     out = run_dir(cfg)

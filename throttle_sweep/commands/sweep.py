@@ -37,6 +37,7 @@ from throttle_sweep.settings import (
     plain,
     preflight,
     price_from,
+    shared_engine_note,
     slots_from,
     warm_engines_from,
     workload_from,
@@ -141,6 +142,8 @@ def run(cfg: DictConfig, console: Console) -> int:
             preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
     if (note := few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates")) is not None:
         console.print(f"[yellow]note:[/] {note}", highlight=False)  # the winner's interval is a confirmation's
+    if (note := shared_engine_note(warm_engines_from(cfg))) is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     if clip_note is not None:
         console.print(f"[yellow]note:[/] {clip_note}", highlight=False)
     with hold(out, what=f"study {name!r}"):  # one writer: records, study and leftovers are ours alone
