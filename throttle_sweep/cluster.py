@@ -21,7 +21,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,8 +99,8 @@ def engine_world(engine_conf: Mapping[str, Any]) -> int:
 def share_a_machine(placements: Mapping[int, Mapping[str, Any]], shape: SlotShape) -> bool:
     """Do these slots share one machine's cores and memory bus (CPU slots, all on one node)? Then a
     neighbour's load could follow a comparison's arms, and confirmations run alone, as local slots' do."""
-    nodes = {p.get("node_id") for p in placements.values()}
-    return len(placements) > 1 and shape.num_gpus == 0 and len(nodes) == 1
+    nodes = {p.get("node_id") for p in placements.values()} - {None}  # a slot not placed yet may share one
+    return len(placements) > 1 and shape.num_gpus == 0 and len(nodes) <= 1
 
 
 def hostable_slots(nodes: list[dict[str, Any]], shape: SlotShape) -> int:
@@ -186,6 +186,7 @@ class RayPool:
         ready, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=start_timeout_s)
         for ref in ready:
             self.placement[refs[ref]] = ray.get(ref)
+        self.nodes = {slot: p.get("node_id") for slot, p in self.placement.items()}  # kept across replacements
         if not_ready:
             self.close()
             raise ClusterError(f"only {len(ready)} of {shape.count} engine slots could be placed within "
@@ -202,7 +203,8 @@ class RayPool:
 
     @property
     def shares_machine(self) -> bool:
-        return share_a_machine({slot: self.placement.get(slot, {}) for slot in self.actors}, self.shape)
+        # a slot whose actor is being replaced keeps the node it was last seen on
+        return share_a_machine({slot: {"node_id": self.nodes.get(slot)} for slot in self.actors}, self.shape)
 
     def timeout_for(self, job: Job) -> float:
         took = self.took.get(flags_key(job.flags))
@@ -243,6 +245,7 @@ class RayPool:
                 record = self._lost(pending, exc)
             else:
                 self.placement[pending.slot] = record.get("placement") or self.placement.get(pending.slot, {})
+                self.nodes[pending.slot] = self.placement[pending.slot].get("node_id") or self.nodes.get(pending.slot)
                 if record.get("environment"):
                     self.environments[pending.slot] = record["environment"]
                 key = flags_key(pending.job.flags)
@@ -358,6 +361,13 @@ class RayPool:
         return not any(n["NodeID"] == node_id and not n["Alive"] for n in self._ray.nodes())
 
     def close(self) -> None:
+        """End every actor. What they finished first stays for `drain` (a stopping run writes it)."""
+        if self.pending:
+            ready, _ = self._ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+            for ref in ready:
+                pending = self.pending.pop(ref)
+                with contextlib.suppress(Exception):  # a lost actor's replicate measured nothing to keep
+                    self._held.append((pending.job, self._ray.get(ref, timeout=5)))
         for actor in self.actors.values():
             with contextlib.suppress(Exception):  # an actor already gone is what we want
                 self._ray.kill(actor, no_restart=True)
@@ -540,13 +550,16 @@ def belongs_to(process: Any, temp: str) -> bool:
 
 
 def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Price, *, run_id: str, out: Path,
-                  say: Callable[[str], None]) -> tuple[RayPool, Callable[[], None]]:
+                  say: Callable[[str], None], starts: Sequence[Mapping[str, Any]] = ()
+                  ) -> tuple[RayPool, Callable[[], None]]:
+    """`starts`: the flags the sweep may start an engine with (the baseline, the space's extremes): a slot
+    holds the GPUs of the largest of them."""
     import ray
 
     from throttle_sweep.settings import plain, warm_engines_from
 
     ray_conf = plain(cfg.ray)
-    world = engine_world(plain(cfg.engine) or {})  # before Ray starts
+    world = max(engine_world(flags) for flags in [plain(cfg.engine) or {}, *starts])  # checked before Ray starts
     stop = connect(ray_conf, out, say)
     try:
         shape = slot_shape(ray_conf, ray.cluster_resources(), world)

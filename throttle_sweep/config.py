@@ -85,10 +85,10 @@ class StudyConf:
 class RayConf:
     enabled: bool = False  # run trials on Ray slots (one engine per slot)
     address: str | None = None  # null: start a private local Ray; "auto" or an address: join that cluster
-    slots: int | None = None  # null: GPUs / tensor_parallel_size, or cpu_slots on a CPU-only cluster
+    slots: int | None = None  # null: GPUs / an engine's GPUs (tensor x pipeline parallel), or cpu_slots on CPU
     cpu_slots: int = 1
     max_slots: int = 8
-    gpus_per_slot: float | None = None  # null: tensor_parallel_size on GPU clusters, 0 on CPU
+    gpus_per_slot: float | None = None  # null: tensor x pipeline parallel size on GPU clusters, 0 on CPU
     cpus_per_slot: float = 1.0
     start_timeout_s: float = 300.0  # every slot's actor must be placed within this, or the sweep stops early
     job_timeout_s: float = 1800.0  # a replicate of flags not seen yet must answer within this (start included)

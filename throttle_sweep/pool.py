@@ -7,6 +7,7 @@ the slot itself was lost (its node died), not that the flags failed; such a slot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.signals import deferred
 
 
 @dataclass(frozen=True)
@@ -94,15 +96,16 @@ class LocalPool:
             self._held.append((job, self._run(job)))
             return self._held[before:]
         while len(self._held) == before:
-            try:  # taken straight into `_held`, never into a local that a Ctrl-C would drop
+            # the queue's get is Python code that a Ctrl-C could cut between taking an item and returning it:
+            # held off for one slice at most, and the item goes straight into `_held`
+            with deferred(), contextlib.suppress(queue.Empty):
                 self._held.append(self._done.get(timeout=WAIT_SLICE_S))  # type: ignore[arg-type]
-            except queue.Empty:
-                continue
-        while True:  # and every other replicate that is done too
-            try:
-                self._held.append(self._done.get_nowait())  # type: ignore[arg-type]
-            except queue.Empty:
-                break
+        with deferred():
+            while True:  # and every other replicate that is done too
+                try:
+                    self._held.append(self._done.get_nowait())  # type: ignore[arg-type]
+                except queue.Empty:
+                    break
         new = self._held[before:]
         failed = [item for item in new if isinstance(item[1], BaseException)]
         if failed:  # the records that came with it are returned first, so that they are written

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
 
@@ -35,30 +36,50 @@ def shielded() -> Iterator[None]:
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the body is done, then act as they would have (the handler that was in
-    place runs once): for a few milliseconds of work that must finish whole, such as writing every record of
-    a batch, without swallowing the user's Ctrl-C."""
+    """Ctrl-C and SIGTERM wait until the body is done, then act as they would have (each signal caught runs
+    the handler that was in place, once): for a few milliseconds of work that must finish whole, such as
+    writing every record of a batch, without swallowing the user's Ctrl-C. A second signal while waiting acts
+    at once (a write that hangs can still be stopped). A signal ignored, or whose handler Python does not
+    know (set from C), is left alone."""
     if not _main_thread():
         yield
         return
-    caught: list[tuple[int, FrameType | None]] = []
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        caught.append((signum, frame))
-
-    previous = {sig: signal.signal(sig, hold) for sig in STOPPING}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
+    def restore() -> None:
+        while previous:
+            sig, handler = previous.popitem()
             signal.signal(sig, handler)
-    if caught:
-        signum, frame = caught[0]
-        handler = previous[signum]
+
+    def act(signum: int, frame: FrameType | None, handlers: dict[int, Any]) -> None:
+        handler = handlers.get(signum)
         if callable(handler):
             handler(signum, frame)  # Python's own for Ctrl-C raises KeyboardInterrupt here
         elif handler == signal.SIG_DFL:
             signal.raise_signal(signum)  # the default action (SIGTERM: the process ends)
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if caught:  # asked twice: act now
+            handlers = dict(previous)
+            restore()
+            act(signum, frame, handlers)
+            return
+        caught.append(signum)
+
+    try:
+        for sig in STOPPING:
+            handler = signal.getsignal(sig)
+            if handler is None or handler == signal.SIG_IGN:  # set from C, or ignored: left as it is
+                continue
+            previous[sig] = handler
+            signal.signal(sig, hold)
+        yield
+    finally:
+        handlers = dict(previous)
+        restore()
+        for signum in dict.fromkeys(caught):
+            act(signum, None, handlers)
 
 
 @contextmanager

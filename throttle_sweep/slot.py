@@ -87,9 +87,20 @@ class WarmSlot:
         header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
                                position=position, environment=self.environment, context=context)
         same = host.key == lifetime_key(arm, flags)
-        pin, alone = None, False
+        pin, alone = self._kv_pin(flags, starts=not same) if self.sleeps else (None, False)
+        record = self._measure_on(host, flags, arm, dict(header), context, same=same, pin=pin, alone=alone)
+        if pin is not None and record["status"] == "failed" and record.get("failed_at") == "start" \
+                and not record.get("infrastructure") and host in self.hosts:
+            # the pinned capacity did not fit beside the sleeping engines: once more with the GPU to itself
+            why = record.get("reason")
+            record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=None, alone=True)
+            record.setdefault("kv_pin", {})["pinned_start_failed"] = why
+        return record
+
+    def _measure_on(self, host: EngineHost, flags: Mapping[str, Any], arm: str, header: dict[str, Any],
+                    context: Mapping[str, Any], *, same: bool, pin: dict[str, Any] | None, alone: bool
+                    ) -> dict[str, Any]:
         if self.sleeps:  # the engine starts with sleep mode on; the record keeps the arm's flags
-            pin, alone = self._kv_pin(flags, starts=not same)
             header["engine_flags"] = self.engine.engine_flags({**flags, **(pin or {}), "enable_sleep_mode": True})
             if pin is not None or alone:
                 header["kv_pin"] = {"solo": alone, **({"flags": pin} if pin else {})}

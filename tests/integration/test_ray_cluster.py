@@ -427,7 +427,7 @@ def test_a_tensor_parallel_slot_gives_its_engine_its_own_gpus_on_one_node(cluste
 def test_what_ray_slots_finished_but_the_driver_did_not_write_is_in_drain(cluster):
     """A sweep stopping mid-batch (Ctrl-C, a failed baseline) writes what `drain` gives: the records `wait`
     returned that the driver has not written yet, and those finished on other actors that `wait` had not
-    collected. Before, a Ray pool had no drain: they were lost."""
+    collected, also when the pool was closed first. Before, a Ray pool had no drain: they were lost."""
     import ray
 
     from throttle_sweep.cluster import RayPool, SlotShape
@@ -460,6 +460,9 @@ def test_what_ray_slots_finished_but_the_driver_did_not_write_is_in_drain(cluste
         time.sleep(3)  # slot 1 finishes; nobody waits for it
         assert sorted(r["record_id"] for r in pool.drain()) == ["ray-0-0", "ray-1-1"]
         assert pool.drain() == []
+        pool.submit(Job(1, {}, "candidate", 2))
+        time.sleep(3)  # it finishes while the run stops: closing the pool keeps it for the drain after
         pool.close()
+        assert [r["record_id"] for r in pool.drain()] == ["ray-1-2"]
     finally:
         ray.shutdown()

@@ -114,12 +114,14 @@ def test_eight_in_flight_is_clearly_cheaper_than_one(engine):
 def test_a_kv_pin_gives_a_later_start_exactly_the_capacity_of_the_engine_it_came_from(engine):
     """What a GPU slot keeping engines asleep relies on (slot.py): the pin read from one engine, passed to a
     start that would otherwise size its KV cache differently, gives the same blocks."""
-    first = engine.start({**BASE, "kv_cache_memory_bytes": 2 << 20})
+    first = engine.start({**BASE, "kv_cache_memory_bytes": 4 << 20})
     try:
         blocks, pin = first.kv_blocks, first.kv_pin()
     finally:
         first.close()
-    later = engine.start({**BASE, **pin})  # BASE sizes the cache at 64 MiB: the pin must win
+    # upwards, as beside a sleeping engine: sized at half the memory, the pin must win (the CPU build cannot
+    # start without a size, which a GPU start would leave to gpu_memory_utilization)
+    later = engine.start({**BASE, "kv_cache_memory_bytes": 2 << 20, **pin})
     try:
         assert blocks and later.kv_blocks == blocks and later.kv_block_size == first.kv_block_size
     finally:

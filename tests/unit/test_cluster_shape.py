@@ -82,9 +82,25 @@ def test_vllms_ray_executor_inside_a_slot_is_refused_before_any_slot_starts():
     ([{"node_id": "a"}, {"node_id": "b"}], 0.0, False),
     ([{"node_id": "a"}, {"node_id": "a"}], 1.0, False),  # a GPU each: the measured work is on the GPU
     ([{"node_id": "a"}], 0.0, False),  # one slot shares with nobody
+    ([{"node_id": "a"}, {}], 0.0, True),  # a slot not placed yet (a new actor) may land beside the other
 ])
 def test_ray_cpu_slots_on_one_node_share_the_machine(placements, gpus, shares):
     """Where they share a machine, confirmations run alone, as local slots do."""
     from throttle_sweep.cluster import share_a_machine
 
     assert share_a_machine(dict(enumerate(placements)), SlotShape(len(placements), gpus, 1.0, "")) is shares
+
+
+def test_a_space_that_reaches_vllms_ray_executor_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    """The refusal and the GPU count cover every set of flags the sweep may start, not only `engine`."""
+    from rich.console import Console
+
+    from tests.helpers import compose_cfg
+    from throttle_sweep import cluster
+    from throttle_sweep.commands import sweep as sweep_cmd
+
+    monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("Ray was started"))
+    cfg = compose_cfg("backend=fake", "+space=batching", "ray.enabled=true", "plots=false",
+                      "+baseline.distributed_executor_backend=ray", tmp_path=tmp_path)
+    with pytest.raises(ClusterError, match="distributed_executor_backend=ray"):
+        sweep_cmd.run(cfg, Console(quiet=True))

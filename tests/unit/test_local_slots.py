@@ -287,13 +287,51 @@ def test_records_that_wait_returned_stay_in_drain_until_the_driver_has_written_t
         pool.join()
 
 
-def test_after_the_slots_are_closed_what_finished_is_written_but_not_what_the_closing_cut_short():
-    """A replicate can finish while a stopping run closes its slots: it is written. Those the closing itself
-    cut short (infrastructure) say nothing of the flags and are not."""
-    finished = {"status": "ok", "comparison": "c", "position": 1, "slot": "s1"}
-    cut = {"status": "failed", "comparison": "c", "position": 2, "slot": "s0", "infrastructure": True}
-    pool = BothAtOnce()
-    pool.drain = lambda: [finished, cut]
-    written = []
-    probe_driver(pool, written).keep_finished(cut_short=False)
-    assert written == [finished]
+def test_after_a_write_that_failed_nothing_more_is_appended():
+    """A full disk fails a write mid-batch: the stop's drain must not append after it (the failed write may
+    have left a torn line, and a retry of the same record could land after it or twice)."""
+    from throttle_sweep.schedule import CANDIDATE
+
+    attempts = []
+
+    def write(record):
+        attempts.append(record["slot"])
+        raise OSError(28, "No space left on device")
+
+    sweep = probe_driver(BothAtOnce({"status": "ok", "comparison": "late", "position": 0, "slot": "s9"}), [])
+    sweep._write = write  # noqa: SLF001 - the log's append
+    comps = iter([sweep.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
+                                   order=[CANDIDATE]) for slot, n in ((0, 2), (1, 3))])
+    with pytest.raises(OSError):
+        sweep.run_comparisons(lambda slot: next(comps, None), lambda comp: None)
+    assert attempts == ["s0"]
+
+
+def test_a_replicate_that_finishes_while_a_stopped_run_closes_its_slots_is_written(tmp_path, monkeypatch):
+    """Ctrl-C: the run drains what is done, then closes the slots; a replicate may finish in between (its
+    slot's thread was already waiting for it). The command writes it after closing, before it ends."""
+    from throttle_sweep.records import SCHEMA_VERSION
+
+    late = {"schema_version": SCHEMA_VERSION, "record_id": "late-1", "run_id": "stop", "arm": "baseline",
+            "flags": {}, "position": 0, "status": "ok", "comparison": "c", "slot": "local-1"}
+    cut = {**late, "record_id": "cut-1", "status": "failed", "infrastructure": True}
+
+    class StoppedPool(BothAtOnce):
+        finished: list = []
+
+        def wait(self):
+            raise KeyboardInterrupt
+
+        def drain(self):
+            done, self.finished = self.finished, []
+            return done
+
+    pool = StoppedPool()
+
+    def make_pool(*args, **kwargs):
+        return pool, lambda: pool.finished.extend([late, cut])  # closing: one finished, one was cut short
+
+    monkeypatch.setattr(sweep_cmd, "make_pool", make_pool)
+    cfg = compose_cfg("backend=fake", "+space=batching", "study.name=stop", "plots=false", tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 130
+    assert [r["record_id"] for r in read_records(tmp_path / "stop" / "replicates.jsonl")] == ["late-1"]

@@ -312,3 +312,29 @@ def test_an_engine_process_that_cannot_load_fails_the_replicate_without_the_driv
         s.close()
     assert record["status"] == "failed" and record["infrastructure"] is True
     assert "libcuda.so.1" in record["reason"] and record["environment"] == {"engine": "fake"}
+
+
+def test_a_pinned_start_that_does_not_fit_beside_sleeping_engines_runs_alone_instead(tmp_path):
+    """The pin asks for the KV an engine got alone; beside engines asleep (which still hold some memory) it may
+    not fit. That is the GPU's doing, not the flags': the start is made again with the GPU to itself."""
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), asleep_holds_bytes=16 << 20, gpu_headroom_bytes=8 << 20)
+    s = slot(knobs)
+    s.environment = None
+    records = run(s, "BCB")
+    assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
+    last = records[2]
+    assert last["kv_pin"]["solo"] is True and "out of memory" in last["kv_pin"]["pinned_start_failed"]
+    assert last["kv_cache"]["blocks"] == records[0]["kv_cache"]["blocks"]
+
+
+def test_an_engine_that_cannot_sleep_is_shut_down_and_its_arm_starts_again_pinned(tmp_path):
+    """The engine process shuts an engine that cannot sleep down; the slot must know it is gone, or the arm's
+    next replicate would count on a live engine and start an unpinned one beside a sleeper."""
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), asleep_holds_bytes=16 << 20, sleep_fails_when={"max_num_seqs": 2})
+    s = slot(knobs)
+    s.environment = None
+    records = run(s, "BCBC")  # at 2 the candidate cannot sleep and is shut down; at 3 it starts again
+    assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
+    assert records[3]["engine_start_s"] > 0 and records[3]["kv_pin"] == {"solo": False, "flags": records[3][
+        "engine_lifetime"]["kv_pin"]}
+    assert records[3]["kv_cache"]["blocks"] == records[1]["kv_cache"]["blocks"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -163,7 +163,9 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     closer, progress, sweep = None, None, None
     try:
         with stop_on_sigterm():
-            pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say)
+            # every set of flags the sweep may start: a Ray slot must hold the GPUs of the largest engine
+            starts = [baseline, *({**base, flag: v} for flag, dist in distributions.items() for v in _extremes(dist))]
+            pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say, starts=starts)
             sweep, progress = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
                                          base=base, baseline=baseline, spec=spec, pool=pool, log=log,
                                          settings=settings)
@@ -308,12 +310,12 @@ def _extremes(dist: Any) -> list[Any]:
 
 
 def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str, out: Path,
-              say: Callable[[str], None]):
+              say: Callable[[str], None], starts: Sequence[Mapping[str, Any]] = ()):
     """This machine's slots (`slots`), or Ray actors (cluster.py) when ray.enabled."""
     if cfg.ray.enabled:
         from throttle_sweep.cluster import make_ray_pool
 
-        return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say)
+        return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say, starts=starts)
     count, why = slots_from(cfg)
     if count > 1:
         say(f"{count} slots on this machine ({why}; slots=1 for one): each comparison runs all its replicates on "

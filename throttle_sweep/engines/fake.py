@@ -43,6 +43,8 @@ FAKE_FLAG_SCHEMA: dict[str, Any] = {
     "kv_cache_dtype": Literal["auto", "float16", "bfloat16", "fp8"],
     "scheduling_policy": Literal["fcfs", "priority"],
     "tensor_parallel_size": int,
+    "pipeline_parallel_size": int,
+    "distributed_executor_backend": str | None,
 }
 
 
@@ -76,13 +78,17 @@ class FakeKnobs:
     # engine would get from gpu_memory_utilization: gpu_kv_bytes when it is alone)
     gpu_kv_bytes: int = 64 << 20
     asleep_holds_bytes: int = 0
+    # how much more than gpu_kv_bytes the pretend GPU has room for (vLLM leaves 1 - gpu_memory_utilization
+    # free): a start whose KV cache and the sleepers' leftovers exceed gpu_kv_bytes + this runs out of memory
+    gpu_headroom_bytes: int = 1 << 40
+    sleep_fails_when: dict[str, int] = field(default_factory=dict)  # flag -> it cannot sleep above this value
 
 
 class FakeSession:
     engine_steps = True  # one step() is one scheduler iteration, as in vLLM's in-process engine core
 
     def __init__(self, flags: Mapping[str, Any], knobs: FakeKnobs, start_index: int) -> None:
-        self.knobs = knobs
+        self.knobs, self.flags = knobs, dict(flags)
         self.max_num_seqs = int(flags.get("max_num_seqs") or 256)
         self.token_budget = int(flags.get("max_num_batched_tokens") or 8192)
         self.block_size = int(flags.get("block_size") or 128)
@@ -253,6 +259,12 @@ class FakeSession:
         holders = [p.name for p in gpu.iterdir() if p.name != self._marker and not p.name.endswith(".asleep")]
         if holders:
             raise EngineStartError(f"fake GPU out of memory: engine {holders[0]} is awake on it")
+        sleepers = sum(p.name.endswith(".asleep") and p.name != f"{self._marker}.asleep" for p in gpu.iterdir())
+        needs = self.total_blocks * self.block_size * self.knobs.kv_bytes_per_token
+        room = self.knobs.gpu_kv_bytes + self.knobs.gpu_headroom_bytes - sleepers * self.knobs.asleep_holds_bytes
+        if needs > room:
+            raise EngineStartError(f"fake GPU out of memory: a KV cache of {needs} bytes beside {sleepers} sleeping "
+                                   f"engine(s) leaves no room")
         (gpu / self._marker).touch()
 
     def _release(self, *, asleep: bool = False) -> None:
@@ -265,6 +277,8 @@ class FakeSession:
                 sleeping.unlink(missing_ok=True)
 
     def sleep(self) -> None:
+        if any((self.flags.get(name) or 0) > limit for name, limit in self.knobs.sleep_fails_when.items()):
+            raise EngineRunError("fake engine could not go to sleep")
         self.asleep = True
         self._release(asleep=True)
 

@@ -117,14 +117,17 @@ class EngineHost:
         self.awake = self.key is not None
         return record
 
-    def sleep(self) -> float:
-        """Put the live engine to sleep; returns the seconds it took. Raises EngineProcessDied."""
+    def sleep(self) -> float | None:
+        """Put the live engine to sleep; returns the seconds it took, or None when the engine could not sleep
+        and was shut down instead (the next replicate starts a new one). Raises EngineProcessDied."""
         try:
             self._conn.send(SLEEP)
         except (BrokenPipeError, OSError) as exc:
             raise EngineProcessDied(self._death("while idle")) from exc
         seconds = self._receive("slept", "while it put its engine to sleep")
         self.awake = False
+        if seconds is None:
+            self.key, self.runs = None, 0
         return seconds
 
     def release(self) -> None:
@@ -237,7 +240,7 @@ def serve(conn: Any, engine: Engine, spec: WorkloadSpec, price: Price, parent_pi
                 except Exception:  # noqa: BLE001 - an engine that cannot sleep is shut down: the GPU is freed either way
                     if life is not None:
                         close_quietly(life, {})
-                    life, slept = None, 0.0
+                    life, slept = None, None  # the parent learns that the engine is gone
                 conn.send(("slept", slept))
                 continue
             if task == RELEASE:

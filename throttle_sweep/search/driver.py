@@ -11,6 +11,7 @@ over by the next run before anything new is asked.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -304,10 +305,15 @@ class Sweep:
         self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
         self.probe_records: dict[tuple[str, int], dict[str, Any]] = {}  # (others key, value index) -> first probe
         self.baseline_probe: dict[str, Any] | None = None
+        self.write_failed = False  # a record could not be written: nothing more is appended
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
-        self._write(record)
+        try:
+            self._write(record)
+        except OSError:  # (a full disk) nothing is appended after it: a retry could follow a torn line
+            self.write_failed = True
+            raise
         self.records.append(record)
         if self.settings.same_schedule:
             self.schedules.add(record)
@@ -378,12 +384,12 @@ class Sweep:
         the closing itself cut short, which are the shutdown's doing and say nothing of the flags."""
         with shielded():
             for record in getattr(self.pool, "drain", list)():
+                if self.write_failed:  # nothing is appended after a write that failed
+                    return
                 if not cut_short and record.get("infrastructure"):
                     continue
-                try:
+                with contextlib.suppress(OSError):
                     self.write(record)
-                except OSError:  # (a full disk: nothing is appended after a write that failed)
-                    break
 
     def _run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
                          alone: bool) -> None:
