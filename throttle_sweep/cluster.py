@@ -82,17 +82,20 @@ def slot_shape(ray_conf: Mapping[str, Any], resources: Mapping[str, float], engi
     return SlotShape(count, per_gpu, float(ray_conf["cpus_per_slot"]), why)
 
 
-def engine_world(engine_conf: Mapping[str, Any]) -> int:
-    """How many GPUs one engine uses: tensor x pipeline parallel, all on the slot's node. vLLM's multiprocess
-    executor (its default on one node) runs them as children of the engine process, so they inherit the GPUs
-    Ray gave the slot's actor. Its Ray executor would place its workers with Ray, outside the slot: refused."""
-    backend = engine_conf.get("distributed_executor_backend")
-    if backend == "ray":
-        raise ClusterError("engine.distributed_executor_backend=ray: a slot's engine runs in a child process of its "
-                           "Ray actor, which holds the slot's GPUs; vLLM's Ray executor would place its workers "
-                           "outside them. Leave it unset (vLLM's multiprocess workers use the slot's GPUs)")
-    tensor = int(engine_conf.get("tensor_parallel_size") or 1)
-    pipeline = int(engine_conf.get("pipeline_parallel_size") or 1)
+def engine_world(starts: Sequence[tuple[str, Mapping[str, Any]]]) -> int:
+    """How many GPUs a slot needs for the largest engine among `starts` (where each set of flags the sweep
+    may start comes from, and the flags):
+    the largest tensor x the largest pipeline parallel size (a space may pair them), all on the slot's node.
+    vLLM's multiprocess executor (its default on one node) runs them as children of the engine process, so
+    they inherit the GPUs Ray gave the slot's actor. Its Ray executor would place its workers with Ray,
+    outside the slot: refused."""
+    for source, flags in starts:
+        if flags.get("distributed_executor_backend") == "ray":
+            raise ClusterError(f"{source}.distributed_executor_backend=ray: a slot's engine runs in a child process of its "
+                               "Ray actor, which holds the slot's GPUs; vLLM's Ray executor would place its workers "
+                               "outside them. Leave it unset (vLLM's multiprocess workers use the slot's GPUs)")
+    tensor = max((int(f.get("tensor_parallel_size") or 1) for _, f in starts), default=1)
+    pipeline = max((int(f.get("pipeline_parallel_size") or 1) for _, f in starts), default=1)
     return tensor * pipeline
 
 
@@ -266,8 +269,9 @@ class RayPool:
         held, self._held = self._held, []
         jobs = {id(job) for job, _ in held}
         records = [record for _, record in held]
-        ready, _ = self._ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0) \
-            if self.pending else ([], [])
+        if not self.pending or not self._ray.is_initialized():  # (a Ray call would start a new Ray)
+            return records
+        ready, _ = self._ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
         for ref in ready:
             pending = self.pending.pop(ref)
             if id(pending.job) in jobs:
@@ -344,6 +348,7 @@ class RayPool:
         """End the slot's actor and start a new one (not waited for), or retire the slot when the surviving
         nodes cannot host it."""
         self._end_actor(slot)
+        self.nodes[slot] = None  # a new actor may land anywhere: unknown until it says
         self.replacements[slot] = self.replacements.get(slot, 0) + 1
         if self.replacements[slot] > MAX_REPLACEMENTS:
             self.say(f"slot {slot}: retired after {MAX_REPLACEMENTS} new actors ({len(self.actors)} slots left)")
@@ -550,7 +555,7 @@ def belongs_to(process: Any, temp: str) -> bool:
 
 
 def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Price, *, run_id: str, out: Path,
-                  say: Callable[[str], None], starts: Sequence[Mapping[str, Any]] = ()
+                  say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()
                   ) -> tuple[RayPool, Callable[[], None]]:
     """`starts`: the flags the sweep may start an engine with (the baseline, the space's extremes): a slot
     holds the GPUs of the largest of them."""
@@ -559,7 +564,7 @@ def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Pr
     from throttle_sweep.settings import plain, warm_engines_from
 
     ray_conf = plain(cfg.ray)
-    world = max(engine_world(flags) for flags in [plain(cfg.engine) or {}, *starts])  # checked before Ray starts
+    world = engine_world([("engine", plain(cfg.engine) or {}), *starts])  # checked before Ray starts
     stop = connect(ray_conf, out, say)
     try:
         shape = slot_shape(ray_conf, ray.cluster_resources(), world)

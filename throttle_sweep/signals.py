@@ -38,33 +38,17 @@ def shielded() -> Iterator[None]:
 def deferred() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait until the body is done, then act as they would have (each signal caught runs
     the handler that was in place, once): for a few milliseconds of work that must finish whole, such as
-    writing every record of a batch, without swallowing the user's Ctrl-C. A second signal while waiting acts
-    at once (a write that hangs can still be stopped). A signal ignored, or whose handler Python does not
-    know (set from C), is left alone."""
+    writing every record of a batch, without swallowing the user's Ctrl-C. A second Ctrl-C does not cut the
+    body short either: stopping in the middle of a write could leave a record on disk that the run then
+    believes unwritten, and writes twice (SIGKILL still ends it; a torn line is repaired on the next run).
+    A signal ignored, or whose handler Python does not know (set from C), is left alone."""
     if not _main_thread():
         yield
         return
     caught: list[int] = []
     previous: dict[int, Any] = {}
 
-    def restore() -> None:
-        while previous:
-            sig, handler = previous.popitem()
-            signal.signal(sig, handler)
-
-    def act(signum: int, frame: FrameType | None, handlers: dict[int, Any]) -> None:
-        handler = handlers.get(signum)
-        if callable(handler):
-            handler(signum, frame)  # Python's own for Ctrl-C raises KeyboardInterrupt here
-        elif handler == signal.SIG_DFL:
-            signal.raise_signal(signum)  # the default action (SIGTERM: the process ends)
-
     def hold(signum: int, frame: FrameType | None) -> None:
-        if caught:  # asked twice: act now
-            handlers = dict(previous)
-            restore()
-            act(signum, frame, handlers)
-            return
         caught.append(signum)
 
     try:
@@ -76,10 +60,25 @@ def deferred() -> Iterator[None]:
             signal.signal(sig, hold)
         yield
     finally:
-        handlers = dict(previous)
-        restore()
-        for signum in dict.fromkeys(caught):
-            act(signum, None, handlers)
+        _restore(list(previous.items()))
+    for signum in dict.fromkeys(caught):
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, None)  # Python's own for Ctrl-C raises KeyboardInterrupt here
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(signum)  # the default action (SIGTERM: the process ends)
+
+
+def _restore(handlers: list[tuple[int, Any]]) -> None:
+    """Put the handlers back, every one of them even if one that is back already raises (a Ctrl-C landing
+    between two of them)."""
+    if not handlers:
+        return
+    (sig, handler), rest = handlers[0], handlers[1:]
+    try:
+        signal.signal(sig, handler)
+    finally:
+        _restore(rest)
 
 
 @contextmanager

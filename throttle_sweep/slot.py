@@ -57,6 +57,7 @@ class WarmSlot:
         self._hosts_lock = threading.Lock()  # the slot's thread picks a host while the driver's thread may close
         self.runs = 0  # replicates handed out by this slot: the machine's drift clock on the fake engine
         self.kv_pins: dict[str, dict[str, Any]] = {}  # flags -> what gives them their KV capacity alone (GPU)
+        self.pins_fit = True  # False once a pinned start did not fit beside sleeping engines: then made alone
         self.started = 0
 
     def warm_up(self) -> None:
@@ -89,12 +90,16 @@ class WarmSlot:
         same = host.key == lifetime_key(arm, flags)
         pin, alone = self._kv_pin(flags, starts=not same) if self.sleeps else (None, False)
         record = self._measure_on(host, flags, arm, dict(header), context, same=same, pin=pin, alone=alone)
-        if pin is not None and record["status"] == "failed" and record.get("failed_at") == "start" \
-                and not record.get("infrastructure") and host in self.hosts:
-            # the pinned capacity did not fit beside the sleeping engines: once more with the GPU to itself
+        if pin is not None and not alone and record["status"] == "failed" and record.get("failed_at") == "start" \
+                and not record.get("infrastructure") and not self.closed and host in self.hosts:
+            # the pinned capacity did not fit beside the sleeping engines: the same capacity once more, with
+            # the GPU to itself; on this slot, pinned starts are made alone from now on
+            self.pins_fit = False
             why = record.get("reason")
-            record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=None, alone=True)
-            record.setdefault("kv_pin", {})["pinned_start_failed"] = why
+            record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=pin, alone=True)
+            record["kv_pin"]["pinned_start_failed"] = why
+        if self.closed and record["status"] == "failed":  # cut short by the slot's own shutdown
+            record["infrastructure"] = True
         return record
 
     def _measure_on(self, host: EngineHost, flags: Mapping[str, Any], arm: str, header: dict[str, Any],
@@ -123,7 +128,7 @@ class WarmSlot:
             record = host.measure(task)
         except EngineProcessDied as exc:
             return self._lost(host, header, exc)
-        if alone and record["status"] == "ok" and (got := record["engine_lifetime"].get("kv_pin")):
+        if alone and pin is None and record["status"] == "ok" and (got := record["engine_lifetime"].get("kv_pin")):
             self.kv_pins[flags_key(flags)] = got
         return record
 
@@ -135,7 +140,8 @@ class WarmSlot:
         if not starts or any(flags.get(k) for k in SIZED_BY):  # a live engine; or the user sized the KV cache
             return None, False
         pin = self.kv_pins.get(flags_key(flags))
-        return (dict(pin), False) if pin is not None else (None, True)
+        # alone with no pin yet, to find it out; with one, beside the sleeping engines unless pins do not fit
+        return (dict(pin), not self.pins_fit) if pin is not None else (None, True)
 
     def _lost(self, host: EngineHost, header: dict[str, Any], exc: EngineProcessDied) -> dict[str, Any]:
         """The engine's process died: the replicate fails, and the next one gets a new process."""

@@ -66,15 +66,24 @@ def test_a_slot_holds_every_gpu_of_its_engines_world(engine, gpus):
     rest outside the slot (its Ray executor, when the world is larger than the GPUs it sees)."""
     from throttle_sweep.cluster import engine_world
 
-    assert engine_world(engine) == gpus
-    assert slot_shape(CONF, {"CPU": 8.0, "GPU": 12.0}, engine_world(engine)).num_gpus == gpus
+    assert engine_world([("engine", engine)]) == gpus
+    assert slot_shape(CONF, {"CPU": 8.0, "GPU": 12.0}, engine_world([("engine", engine)])).num_gpus == gpus
+
+
+def test_a_space_that_pairs_tensor_and_pipeline_parallel_gets_slots_for_the_largest_pair():
+    """The sweep's starts vary one knob at a time from the base, but the search may pair tp=2 with pp=2."""
+    from throttle_sweep.cluster import engine_world
+
+    starts = [("baseline", {"tensor_parallel_size": 1}), ("space.tensor_parallel_size=2", {"tensor_parallel_size": 2}),
+              ("space.pipeline_parallel_size=2", {"pipeline_parallel_size": 2})]
+    assert engine_world(starts) == 4
 
 
 def test_vllms_ray_executor_inside_a_slot_is_refused_before_any_slot_starts():
     from throttle_sweep.cluster import engine_world
 
     with pytest.raises(ClusterError, match="engine.distributed_executor_backend"):
-        engine_world({"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})
+        engine_world([("engine", {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})])
 
 
 @pytest.mark.parametrize(("placements", "gpus", "shares"), [
@@ -102,5 +111,5 @@ def test_a_space_that_reaches_vllms_ray_executor_is_refused_before_ray_starts(tm
     monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("Ray was started"))
     cfg = compose_cfg("backend=fake", "+space=batching", "ray.enabled=true", "plots=false",
                       "+baseline.distributed_executor_backend=ray", tmp_path=tmp_path)
-    with pytest.raises(ClusterError, match="distributed_executor_backend=ray"):
+    with pytest.raises(ClusterError, match="baseline.distributed_executor_backend=ray"):
         sweep_cmd.run(cfg, Console(quiet=True))

@@ -320,11 +320,15 @@ def test_a_pinned_start_that_does_not_fit_beside_sleeping_engines_runs_alone_ins
     knobs = FakeKnobs(gpu_dir=str(tmp_path), asleep_holds_bytes=16 << 20, gpu_headroom_bytes=8 << 20)
     s = slot(knobs)
     s.environment = None
-    records = run(s, "BCB")
+    records = run(s, "BCBC")
     assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
-    last = records[2]
-    assert last["kv_pin"]["solo"] is True and "out of memory" in last["kv_pin"]["pinned_start_failed"]
-    assert last["kv_cache"]["blocks"] == records[0]["kv_cache"]["blocks"]
+    third, fourth = records[2], records[3]
+    assert third["kv_pin"]["solo"] is True and "out of memory" in third["kv_pin"]["pinned_start_failed"]
+    assert third["kv_pin"]["flags"] == {"num_gpu_blocks_override": records[0]["kv_cache"]["blocks"]}
+    assert third["kv_cache"]["blocks"] == records[0]["kv_cache"]["blocks"]
+    # the slot has learnt: the next pinned start goes alone at once, without a failed start first
+    assert fourth["kv_pin"]["solo"] is True and "pinned_start_failed" not in fourth["kv_pin"]
+    assert fourth["kv_cache"]["blocks"] == records[1]["kv_cache"]["blocks"]
 
 
 def test_an_engine_that_cannot_sleep_is_shut_down_and_its_arm_starts_again_pinned(tmp_path):

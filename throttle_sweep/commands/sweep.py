@@ -164,7 +164,8 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     try:
         with stop_on_sigterm():
             # every set of flags the sweep may start: a Ray slot must hold the GPUs of the largest engine
-            starts = [baseline, *({**base, flag: v} for flag, dist in distributions.items() for v in _extremes(dist))]
+            starts = [("baseline", baseline), *((f"space.{flag}={v}", {**base, flag: v})
+                                                for flag, dist in distributions.items() for v in _extremes(dist))]
             pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say, starts=starts)
             sweep, progress = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
                                          base=base, baseline=baseline, spec=spec, pool=pool, log=log,
@@ -310,7 +311,7 @@ def _extremes(dist: Any) -> list[Any]:
 
 
 def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str, out: Path,
-              say: Callable[[str], None], starts: Sequence[Mapping[str, Any]] = ()):
+              say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()):
     """This machine's slots (`slots`), or Ray actors (cluster.py) when ray.enabled."""
     if cfg.ray.enabled:
         from throttle_sweep.cluster import make_ray_pool
