@@ -1,5 +1,5 @@
 """Measured-work share of `scripts/demo`: the replicates' measured seconds (sum of `wall_s`) over the
-command's wall time, and where the rest went (engine starts, warm-up runs, process start-up, the driver).
+command's wall time times its slots (each slot side by side has that time to fill), and where the rest went (engine starts, warm-up runs, process start-up, the driver).
 With --old, the demo also runs as it did before warm engines (a new engine for every replicate and an
 unmeasured warm-up run in every comparison), interleaved new, old, new, old..., and the wall times are
 set side by side. With --cold, the demo also runs with an empty engine-flag cache (engines/flags.py), so its
@@ -31,7 +31,10 @@ def run(overrides: list[str], cold: bool = False) -> dict[str, float]:
         wall = time.perf_counter() - began
         records = [json.loads(line) for line in (Path(out) / "demo" / "replicates.jsonl").open()]
     measured = sum(r.get("wall_s") or 0 for r in records if not r.get("warmup"))
-    return {"wall": wall, "measured": measured, "share": measured / wall, "runs": len(records),
+    # slots side by side each have the command's wall time to fill: the share is of slot-seconds
+    slots = max((r.get("slots") or 1 for r in records), default=1)
+    return {"wall": wall, "measured": measured, "slots": slots, "share": measured / (wall * slots),
+            "runs": len(records),
             "starts": sum(r.get("engine_start_s") or 0 for r in records),
             "warmups": sum(r.get("engine_warmup_s") or 0 for r in records)
             + sum(r.get("wall_s") or 0 for r in records if r.get("warmup"))}
@@ -50,7 +53,8 @@ def main() -> None:
         for name in arms:
             r = run(args.overrides + (OLD if name == "old" else []), cold=name == "cold")
             results[name].append(r)
-            print(f"{name}: wall {r['wall']:.0f} s, measured {r['measured']:.0f} s (share {r['share']:.2f}), "
+            print(f"{name}: wall {r['wall']:.0f} s on {r['slots']} slot(s), measured {r['measured']:.0f} s "
+                  f"(share of slot-seconds {r['share']:.2f}), "
                   f"{r['runs']} records, engine starts {r['starts']:.0f} s, warm-up runs {r['warmups']:.0f} s", flush=True)
     if args.old:
         new, old = (sum(r["wall"] for r in results[k]) for k in ("new", "old"))
