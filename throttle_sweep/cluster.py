@@ -33,7 +33,7 @@ from throttle_sweep.engines import Engine
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.measure import failed_record, now_iso, record_header
-from throttle_sweep.pool import Job
+from throttle_sweep.pool import HeldRecords, Job
 from throttle_sweep.slot import WarmSlot
 from throttle_sweep.workload import WorkloadSpec
 
@@ -157,7 +157,7 @@ class Pending:
     deadline: float
 
 
-class RayPool:
+class RayPool(HeldRecords):
     """The slots of a Ray cluster. `wait` returns finished replicates; a replicate whose actor died, or that
     did not answer by its deadline, comes back as a failed record (with `infrastructure: true` when the slot,
     not the flags, is to blame), never as an exception and never as a hang.
@@ -173,6 +173,7 @@ class RayPool:
                  ) -> None:
         import ray
 
+        super().__init__()
         self._ray, self._make_actor, self.shape, self._header, self.say = ray, make_actor, shape, header, say
         self.job_timeout_s, self.job_timeout_factor = job_timeout_s, job_timeout_factor
         self.actors = {slot: make_actor(slot) for slot in range(shape.count)}
@@ -181,7 +182,6 @@ class RayPool:
         # never imports the engine's code to find out (vLLM: seconds, and a GB of memory)
         self.environments: dict[int, dict[str, Any]] = {}
         self.pending: dict[Any, Pending] = {}
-        self._held: list[tuple[Job, dict[str, Any]]] = []  # returned by `wait`, not yet written by the driver
         self.took: dict[str, float] = {}  # flags -> the longest replicate (start + work) seen with them
         self.replaced = 0
         self.replacements: dict[int, int] = {}
@@ -258,29 +258,26 @@ class RayPool:
             self.pending.pop(ref, None)
         return self._held[before:]
 
-    def written(self, job: Job) -> None:
-        """The driver has written the record `wait` returned for `job`: the pool lets go of it."""
-        self._held = [item for item in self._held if item[0] is not job]
-
     def drain(self) -> list[dict[str, Any]]:
         """The records of replicates that are done and not yet written by the driver: returned by `wait` but
         not `written`, or finished on an actor and not yet collected (a sweep stopping mid-batch writes them).
         A replicate whose actor died meanwhile is not waited for."""
-        held, self._held = self._held, []
-        jobs = {id(job) for job, _ in held}
-        records = [record for _, record in held]
-        if not self.pending or not self._ray.is_initialized():  # (a Ray call would start a new Ray)
-            return records
+        if self._ray.is_initialized():  # (after ray.shutdown a Ray call would start a new Ray)
+            self._collect_finished()
+        return self._take_held()
+
+    def _collect_finished(self) -> None:
+        """Hold what the actors have finished and `wait` has not collected, without waiting for the rest."""
+        if not self.pending:
+            return
         ready, _ = self._ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+        held = {id(job) for job, _ in self._held}
         for ref in ready:
             pending = self.pending.pop(ref)
-            if id(pending.job) in jobs:
+            if id(pending.job) in held:  # (held by a `wait` that a Ctrl-C cut before it let go of `pending`)
                 continue
-            try:
-                records.append(self._ray.get(ref, timeout=5))
-            except Exception:  # noqa: BLE001 - a lost actor's replicate measured nothing to keep
-                continue
-        return records
+            with contextlib.suppress(Exception):  # a lost actor's replicate measured nothing to keep
+                self._held.append((pending.job, self._ray.get(ref, timeout=5)))
 
     def _expired(self, ref: Any) -> tuple[Job, dict[str, Any]]:
         pending = self.pending.pop(ref)
@@ -367,12 +364,7 @@ class RayPool:
 
     def close(self) -> None:
         """End every actor. What they finished first stays for `drain` (a stopping run writes it)."""
-        if self.pending:
-            ready, _ = self._ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
-            for ref in ready:
-                pending = self.pending.pop(ref)
-                with contextlib.suppress(Exception):  # a lost actor's replicate measured nothing to keep
-                    self._held.append((pending.job, self._ray.get(ref, timeout=5)))
+        self._collect_finished()
         for actor in self.actors.values():
             with contextlib.suppress(Exception):  # an actor already gone is what we want
                 self._ray.kill(actor, no_restart=True)

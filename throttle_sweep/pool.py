@@ -39,17 +39,34 @@ class Pool(Protocol):
     def close(self) -> None: ...
 
 
+class HeldRecords:
+    """What `wait` returned and the driver has not written yet, for both pools: each record stays held until
+    `written`, and a stopping run's `drain` hands the rest over once."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[Job, Any]] = []
+
+    def written(self, job: Job) -> None:
+        """The driver has written the record `wait` returned for `job`: the pool lets go of it."""
+        self._held = [item for item in self._held if item[0] is not job]
+
+    def _take_held(self) -> list[dict[str, Any]]:
+        records, self._held = [record for _, record in self._held], []
+        return records
+
+
 MeasureFn = Callable[[Mapping[str, Any], str, int, Mapping[str, Any]], dict[str, Any]]
 WAIT_SLICE_S = 0.5  # the driver waits in slices, so Ctrl-C and SIGTERM are handled at once
 
 
-class LocalPool:
+class LocalPool(HeldRecords):
     """Slots on this machine, one `measure` each. One slot measures in the driver's thread when `wait` is called.
     Several slots each get a thread that hands the slot's replicates to its engine processes and waits for
     them (the engines work in their own processes); records come back to the driver's thread, the one writer.
     A measure that raises raises in the driver's thread, as with one slot."""
 
     def __init__(self, measures: MeasureFn | Sequence[MeasureFn]) -> None:
+        super().__init__()
         self._measures = [measures] if callable(measures) else list(measures)
         if not self._measures:
             raise ValueError("a pool needs at least one slot")
@@ -57,7 +74,6 @@ class LocalPool:
         self.slots = list(range(self.size))
         self.shares_machine = self.size > 1  # the slots share this machine's cores: confirmations run alone
         self._queue: list[Job] = []  # one slot: measured in `wait`
-        self._held: list[tuple[Job, Any]] = []  # returned by `wait`, not yet written by the driver
         self._done: queue.Queue[tuple[Job, dict[str, Any] | BaseException]] = queue.Queue()
         self._inboxes: list[queue.Queue[Job | None]] = []
         self._threads: list[threading.Thread] = []
@@ -117,14 +133,10 @@ class LocalPool:
                 raise failed[0][1]
         return new
 
-    def written(self, job: Job) -> None:
-        """The driver has written the record `wait` returned for `job`: the pool lets go of it."""
-        self._held = [item for item in self._held if item[0] is not job]
-
     def drain(self) -> list[dict[str, Any]]:
         """The records of replicates that are done and not yet written by the driver: returned by `wait` but
         not `written`, or not yet returned (a sweep stopping mid-batch writes them: nothing measured is lost)."""
-        records, self._held = [record for _, record in self._held], []
+        records = self._take_held()
         while True:
             try:
                 _, outcome = self._done.get_nowait()

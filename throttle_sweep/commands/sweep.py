@@ -137,9 +137,8 @@ def run(cfg: DictConfig, console: Console) -> int:
     base = arm_flags(plain(cfg.engine))
     baseline = arm_flags(base, plain(cfg.baseline))
     preflight(engine, baseline, spec, source="baseline")
-    for flag, dist in distributions.items():  # the extremes of the space must pass the same checks
-        for value in _extremes(dist):
-            preflight(engine, {**base, flag: value}, spec, source=f"{source}: {flag}")
+    for flag, flags in space_extremes(base, distributions):  # the extremes of the space must pass the same checks
+        preflight(engine, flags, spec, source=f"{source}: {flag}")
     if (note := few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates")) is not None:
         console.print(f"[yellow]note:[/] {note}", highlight=False)  # the winner's interval is a confirmation's
     if (note := shared_engine_note(warm_engines_from(cfg))) is not None:
@@ -164,8 +163,8 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     try:
         with stop_on_sigterm():
             # every set of flags the sweep may start: a Ray slot must hold the GPUs of the largest engine
-            starts = [("baseline", baseline), *((f"space.{flag}={v}", {**base, flag: v})
-                                                for flag, dist in distributions.items() for v in _extremes(dist))]
+            starts = [("baseline", baseline), *((f"space.{flag}={flags[flag]}", flags)
+                                                for flag, flags in space_extremes(base, distributions))]
             pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say, starts=starts)
             sweep, progress = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
                                          base=base, baseline=baseline, spec=spec, pool=pool, log=log,
@@ -302,6 +301,11 @@ def boundary_knob(cfg: DictConfig, distributions: dict[str, Any]) -> str | None:
         raise ConfigError(f"study.boundary must be auto, none or an ordered knob of the space "
                           f"({', '.join(ordered_knobs) or 'none has an order'}), but got {wanted!r}")
     return knob
+
+
+def space_extremes(base: Mapping[str, Any], distributions: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each knob at each end of its range (every choice of a categorical one), on the base flags."""
+    return [(flag, {**base, flag: value}) for flag, dist in distributions.items() for value in _extremes(dist)]
 
 
 def _extremes(dist: Any) -> list[Any]:
