@@ -79,6 +79,7 @@ class StudyConf:
     boundary_settings_max: int = 16  # ... for each setting of the other knobs, if they have at most this many
     sequential: bool = True  # look after every balanced block; stop a comparison once it is decided
     same_schedule: bool = True  # flags with a measured configuration's engine schedule take its answer
+    reference: str = "auto"  # search comparisons against: auto (the boundary's last clean point) | baseline
 
 
 @dataclass

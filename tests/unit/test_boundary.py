@@ -4,6 +4,7 @@ it must handle, and say so when a surface breaks its assumptions (then feasibili
 from __future__ import annotations
 
 import optuna
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -11,6 +12,7 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.errors import ConfigError
 from throttle_sweep.records import read_records
 from throttle_sweep.search.boundary import BoundarySearch, describe, knob_values, predicted_last_clean
 
@@ -278,9 +280,9 @@ def repeating_sweep(tmp_path, monkeypatch, name, fixed, *overrides):
 
 
 def measured_seqs(study):
-    """The max_num_seqs of the trials their own comparison answered."""
-    return sorted(t.params["max_num_seqs"] for t in study.trials
-                  if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("source") is None)
+    """The max_num_seqs of the trials their own comparison answered, and the search's reference (its probes)."""
+    return sorted(t.params["max_num_seqs"] for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+                  and t.user_attrs.get("source") in (None, "reference"))
 
 
 def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedule_twins(tmp_path, monkeypatch):
@@ -302,7 +304,8 @@ def probed_sweep(distributions):
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
     sweep = Sweep(study=optuna.create_study(), distributions=distributions, base_flags=flags,
                   baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=ParallelPool(),
-                  write=lambda r: None, existing=[], settings=SweepSettings(boundary_knob="max_num_seqs"))
+                  write=lambda r: None, existing=[],  # (the baseline as yardstick: no reference answers a point)
+                  settings=SweepSettings(boundary_knob="max_num_seqs", reference="baseline"))
     sweep.find_boundaries()
     return sweep
 
@@ -343,3 +346,45 @@ def test_a_token_budget_whose_probes_show_another_schedule_is_a_new_configuratio
     assert sweep.schedules.fingerprint(a) and sweep.schedules.fingerprint(b) and not sweep.schedules.same(a, b)
     told(sweep, first, optuna.trial.TrialState.COMPLETE, ratio=0.5)
     assert sweep.nearest_unanswered() == other, edge
+
+
+def reference_sweep(tmp_path, name, *overrides):
+    cfg = compose_cfg("backend=fake", *WORK, f"engine.kv_cache_memory_bytes={KV}", "+space=batching",
+                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=32", "space.max_num_seqs.log=false",
+                      "~space.max_num_batched_tokens", f"study.name={name}", "study.n_trials=4",
+                      "compare.replicates=2", "study.confirm_replicates=2", "study.confirm_top=2", "plots=false",
+                      *overrides, tmp_path=tmp_path)
+    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}")
+    return study, read_records(tmp_path / name / "replicates.jsonl")
+
+
+def test_search_comparisons_run_against_the_boundarys_last_clean_point_and_confirmations_against_the_baseline(
+        tmp_path):
+    """The baseline (max_num_seqs=1) is the slowest point of the space and was half of every search comparison:
+    the demo's search spent 132 of its 178 engine-seconds on it. Once the probes name the boundary, the search
+    compares candidates against its last clean point instead (probed clean twice, fast); only confirmation
+    meets the baseline, so the answer quoted is still against it."""
+    study, records = reference_sweep(tmp_path, "ref")
+    edge = study.user_attrs["boundaries"][0]["last_clean"]
+    (ref,) = [t for t in study.trials if t.user_attrs.get("source") == "reference"]
+    assert ref.params == {"max_num_seqs": edge} and ref.value == 1.0 and ref.user_attrs["preemptions"] == 0
+    search = [r for r in records if r["stage"] == "search"]
+    assert search and {r["flags"]["max_num_seqs"] for r in search if r["arm"] == "baseline"} == {edge}
+    confirm = [r for r in records if r["stage"] == "confirm"]
+    assert confirm and {r["flags"]["max_num_seqs"] for r in confirm if r["arm"] == "baseline"} == {1}
+    for t in study.trials:  # every search ratio is to the reference: the candidate's cost over the reference's
+        if t.user_attrs.get("source") is None and t.state == optuna.trial.TrialState.COMPLETE:
+            expected = t.user_attrs["usd_per_mtok"] / ref.user_attrs["usd_per_mtok"]
+            assert abs(t.value / expected - 1) < 0.1, (t.params, t.value, expected)
+    winner = study.user_attrs["winner"]
+    assert winner["params"]["max_num_seqs"] <= edge
+
+
+def test_study_reference_baseline_compares_the_search_against_the_baseline_and_a_bad_value_is_refused(tmp_path):
+    study, records = reference_sweep(tmp_path, "base", "study.reference=baseline")
+    assert not [t for t in study.trials if t.user_attrs.get("source") == "reference"]
+    assert {r["flags"]["max_num_seqs"] for r in records if r["stage"] == "search" and r["arm"] == "baseline"} == {1}
+    cfg = compose_cfg("backend=fake", "+space=batching", "study.reference=fastest", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match="study.reference must be auto or baseline, but got 'fastest'"):
+        sweep_cmd.run(cfg, Console(quiet=True))

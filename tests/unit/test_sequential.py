@@ -82,3 +82,20 @@ def test_power_and_runs_spent_on_a_large_and_a_small_saving():
     assert results[0.21][0] >= 0.99 and results[0.21][1] <= 4.5
     assert results[0.95][0] >= 0.8
     assert math.isclose(results[0.95][1], 8, abs_tol=4)
+
+
+def test_against_the_reference_an_undecided_rank_stops_for_futility_and_a_clear_one_goes_on():
+    """Against the search's reference (a feasible candidate, ratio 1 exactly) no saving is needed to be
+    eligible: a comparison whose verdict is still open stops once its rank against the best could not be
+    decided by the planned end (confirmation ranks it); against the baseline the same look goes on, since only
+    more runs can show the saving that eligibility needs. A futility stop makes no claim."""
+    from throttle_sweep.search.sequential import Stored
+
+    reference, near = Stored(1.0, 0.0, 1), Stored(0.99, 0.05, 1)
+    why = search_stop("INCONCLUSIVE", near, reference, 0.025, shrink=math.sqrt(0.5), needs_saving=False)
+    assert why is not None and "cannot be decided within the plan" in why
+    assert search_stop("INCONCLUSIVE", near, reference, 0.025, shrink=math.sqrt(0.5)) is None
+    far = Stored(0.80, 0.05, 1)  # four sds below the best: more runs can decide its rank
+    assert search_stop("INCONCLUSIVE", far, reference, 0.025, shrink=math.sqrt(0.5), needs_saving=False) is None
+    assert search_stop("PRICIER", Stored(1.2, 0.02, 5), reference, 0.025, needs_saving=False) == \
+        "PRICIER: it cannot win"

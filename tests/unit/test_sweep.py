@@ -170,7 +170,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     assert max(slots.values()) == 1, "a replicate was measured twice"
     study = optuna.load_study(study_name="k", storage=f"sqlite:///{tmp_path / 'k' / 'study.db'}")
     done = [t for t in study.trials if t.state.is_finished() and "duplicate_of" not in t.user_attrs
-            and t.user_attrs.get("source") is None]
+            and t.user_attrs.get("source") in (None, "reference")]  # (the reference: answered by its probes)
     assert len(done) == 5 and all(t.state == optuna.trial.TrialState.COMPLETE for t in done)
     # the boundary the resumed run found is the one the probes find in one go
     (found,) = study.user_attrs["boundaries"]
@@ -183,7 +183,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     # every comparison started before the kill belongs to a COMPLETE trial: as its comparison, whole, or, if the
     # kill left it partial, as one it discarded and measured again from scratch (never continued in a new process)
     counts = Counter(r["comparison"] for r in after)
-    used = {t.user_attrs["comparison"] for t in done}
+    used = {t.user_attrs["comparison"] for t in done if t.user_attrs.get("source") != "reference"}
     discarded = {c for t in done for c in t.user_attrs.get("discarded_comparisons", [])}
     for comparison in {r["comparison"] for r in before if r["stage"] == "search"}:
         assert (comparison in used and counts[comparison] == WHOLE) or (comparison in discarded and counts[comparison] < WHOLE)
@@ -274,12 +274,15 @@ def test_the_study_opens_in_optuna_dashboard_with_verdicts_and_feasibility(tmp_p
     assert summary["study_name"] == "dash"
     detail = get(f"/api/studies/{summary['study_id']}", "after=0")
     trials = [t for t in detail["trials"] if t["state"] == "Complete"]
-    measured = [t for t in trials if not any(a["key"] == "source" for a in t["user_attrs"])]
-    assert len(measured) == 4 and len(trials) > 4  # the preempting probes are trials too: infeasible ones
+    answered = [t for t in trials if {a["key"]: a["value"] for a in t["user_attrs"]}.get("source") in (None, "reference")]
+    assert len(answered) == 4 and len(trials) > 4  # the preempting probes are trials too: infeasible ones
     for t in trials:
         attrs = {a["key"]: a["value"] for a in t["user_attrs"]}
         if attrs.get("source") == "probe":
             assert json.loads(attrs["constraints"])[0] > 0
+            continue
+        if attrs.get("source") == "reference":  # the search's yardstick: 1 exactly, feasible by its probes
+            assert t["values"] == [1.0] and json.loads(attrs["constraints"]) == [0.0]
             continue
         assert attrs["verdict"] in ("CHEAPER", "PRICIER", "NO DIFFERENCE", "INCONCLUSIVE")
         assert json.loads(attrs["constraints"]) == [0.0 if int(attrs["preemptions"]) == 0 else

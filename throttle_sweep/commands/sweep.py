@@ -105,6 +105,8 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
     for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_tpot_s", "max_p95_itl_s"):
         if s[key] is not None and s[key] <= 0:
             raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
+    if s.reference not in ("auto", "baseline"):
+        raise ConfigError(f"study.reference must be auto or baseline, but got {s.reference!r}")
     return SweepSettings(
         n_trials=s.n_trials, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
         usd_per_engine_hour=cfg.cost.usd_per_gpu_hour * cfg.cost.gpus, max_preemptions=s.max_preemptions,
@@ -114,7 +116,8 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         warmup_replicate=cfg.compare.warmup_replicate,
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
         thresholds=thresholds_from(cfg), multi_objective=s.multi_objective,
-        boundary_settings_max=s.boundary_settings_max, sequential=s.sequential, same_schedule=s.same_schedule)
+        boundary_settings_max=s.boundary_settings_max, sequential=s.sequential, same_schedule=s.same_schedule,
+        reference=s.reference)
 
 
 def run(cfg: DictConfig, console: Console) -> int:

@@ -71,6 +71,7 @@ class SweepSettings:
     boundary_settings_max: int = 16  # probe it for each setting of the other knobs, if there are at most this many
     sequential: bool = True  # look after every balanced block and stop comparisons once decided
     same_schedule: bool = True  # one engine schedule, one configuration (search/schedules.py)
+    reference: str = "auto"  # what search comparisons run against: auto (see Sweep.choose_reference) | baseline
 
 
 @dataclass
@@ -251,7 +252,8 @@ def retry_key(key: str) -> str:
 
 
 def cost(trial: optuna.trial.FrozenTrial) -> float:
-    """A trial's first objective: the candidate/baseline cost ratio (p95 latency is the second, if any)."""
+    """A trial's first objective: the candidate's cost ratio to the search's yardstick (the baseline, or the
+    reference point: Sweep.choose_reference); p95 latency is the second, if any."""
     return trial.values[0]
 
 
@@ -305,6 +307,8 @@ class Sweep:
         self.boundaries: dict[str, Boundary] = {}  # flags_key(other knobs) -> what the probes found
         self.probe_records: dict[tuple[str, int], dict[str, Any]] = {}  # (others key, value index) -> first probe
         self.baseline_probe: dict[str, Any] | None = None
+        self.probe_runs: dict[tuple[str, int], list[dict[str, Any]]] = {}  # every probe of a point, in order
+        self.reference: dict[str, Any] | None = None  # the search's yardstick point; None: the baseline
         self.write_failed = False  # a record could not be written: nothing more is appended
 
     # ---- plumbing ---------------------------------------------------------------------------------------
@@ -365,7 +369,7 @@ class Sweep:
         warmup = int(self.settings.warmup_replicate)  # the warm-up run is not analysed
         shrink = math.sqrt((len(comp.records) - warmup) / (len(comp.order) - warmup))
         return search_stop(analysis.verdict, analysis.estimate, to_rank(best.user_attrs) if best else None,
-                           comp.thresholds.alpha, shrink)
+                           comp.thresholds.alpha, shrink, needs_saving=self.reference is None)
 
     def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
                         alone: bool = False) -> None:
@@ -544,6 +548,7 @@ class Sweep:
             count = record.get("preemptions") if ok else None
             search.add(index, repeat, count)
             self.probe_records.setdefault((flags_key(search.boundary.others), index), record)
+            self.probe_runs.setdefault((flags_key(search.boundary.others), index), []).append(record)
             self.say(f"{comp.key}: " + (f"{count} preemptions" if ok else f"failed ({record.get('reason')})"))
 
         self.run_comparisons(start, finish)
@@ -553,6 +558,7 @@ class Sweep:
             self.boundaries[others] = search.boundary
             summaries.append({**search.boundary.summary(), "predicted_last_clean": self.predicted(search.boundary)})
         self.study.set_user_attr("boundaries", summaries)
+        self.choose_reference()
         self.tell_probes()
 
     def predicted(self, boundary: Boundary) -> int | None:
@@ -566,10 +572,75 @@ class Sweep:
             return None
         return predicted_last_clean(kv["blocks"], kv["block_size"], [work["prompt_len"] + work["output_len"]])
 
+    def choose_reference(self) -> None:
+        """What the search compares candidates against (`study.reference=auto`): the first boundary's last clean
+        point, probed clean twice, instead of the baseline. The baseline is usually the slow end of the space
+        (max_num_seqs=1 ran 3x longer than a candidate in the demo) and half of every comparison; a yardstick
+        among the fast points halves what a screen costs. Every search ratio is then to the reference (one scale
+        for the sampler; the reference's own trial is 1 exactly), and confirmation alone meets the baseline,
+        with fresh replicates. Kept for the life of a study, so a resume never mixes two yardsticks. Not with
+        latency limits or two objectives (a probe is one run: it cannot vouch for the reference's tail)."""
+        trials = self.study.get_trials(deepcopy=False)
+        told = next((t for t in trials if t.user_attrs.get("source") == "reference"), None)
+        if told is not None:
+            self.reference = dict(told.params)
+            return
+        s = self.settings
+        if s.reference != "auto" or s.multi_objective or any(
+                limit is not None for limit in (s.max_p95_ttft_s, s.max_p95_tpot_s, s.max_p95_itl_s)):
+            return
+        if any(measured(t) for t in trials):  # a study begun against the baseline keeps it
+            return
+        boundary = next(iter(self.boundaries.values()), None)
+        clean = boundary.edge()[0] if boundary is not None and boundary.settled else None
+        if clean is None or not boundary.exact():
+            return
+        point = {**boundary.others, boundary.knob: boundary.values[clean]}
+        runs = [r for r in self.probe_runs.get((flags_key(boundary.others), clean), []) if r.get("status") == "ok"]
+        costs = [c for c in map(self.probe_cost, runs) if c]
+        flags = self.candidate_flags(point)
+        if len(costs) < 2 or flags == self.baseline_flags or self.schedules.same(flags, self.baseline_flags):
+            return
+        preempt = max(r.get("preemptions") or 0 for r in runs)
+        p95 = {f"p95_{m}_s": max(_p95(r, m) for r in runs) for m in ("ttft", "tpot", "itl", "e2e")}
+        attrs = {"source": "reference", "status": "ok", "verdict": "-", "ratio": 1.0, "ci": [1.0, 1.0],
+                 "se_log": 0.0, "df": None, "preemptions": preempt, **p95,
+                 "usd_per_mtok": math.exp(sum(map(math.log, costs)) / len(costs)),
+                 "record_ids": [r.get("record_id") for r in runs], "ran_on": sorted({where(r) for r in runs}),
+                 "notes": [f"the search's reference: every search ratio is to it ({len(runs)} clean probes)"],
+                 **constraint_attrs(preempt, p95["p95_ttft_s"], p95["p95_tpot_s"], p95["p95_itl_s"], s)}
+        self.study.add_trial(optuna.trial.create_trial(
+            params=point, distributions={k: self.distributions[k] for k in point}, value=1.0, user_attrs=attrs,
+            constraints=dict(zip(attrs["constraint_names"], attrs["constraints"], strict=True))))
+        self.reference = point
+        base = [w for w in [(self.baseline_probe or {}).get("wall_s")] if w]
+        speed = (f" (a probe of it took {sum(r.get('wall_s') or 0 for r in runs) / len(runs):.1f} s, the baseline's "
+                 f"{base[0]:.1f} s)") if base else ""
+        self.say(f"search: candidates are compared against the reference {point}, the boundary's last clean "
+                 f"point{speed}; confirmation measures the best against the baseline")
+
+    def yardstick(self) -> str:
+        """What search ratios are to, in words."""
+        if self.reference is None:
+            return "the baseline"
+        return "the reference " + " ".join(f"{k}={v}" for k, v in sorted(self.reference.items()))
+
+    def yardstick_cost(self) -> float | None:
+        """What a probe's cost is divided by: the reference's probes (geometric mean), or the baseline probe."""
+        if self.reference is not None:
+            ref = next(t for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "reference")
+            return ref.user_attrs["usd_per_mtok"]
+        return self.probe_cost(self.baseline_probe) if self.baseline_probe else None
+
+    def search_arms(self, params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """A search comparison's two arms: the yardstick (in the baseline's place) and the candidate."""
+        yardstick = self.candidate_flags(self.reference) if self.reference is not None else self.baseline_flags
+        return {BASELINE: dict(yardstick), CANDIDATE: self.candidate_flags(params)}
+
     def tell_probes(self) -> None:
         """Probed preempting points become completed, infeasible trials (once): what the samplers learn the
         infeasible region from. Their ratio is one probe's cost over the baseline probe's, not a comparison."""
-        base = self.probe_cost(self.baseline_probe) if self.baseline_probe else None
+        base = self.yardstick_cost()
         told = {t.user_attrs.get("probe_key") for t in self.study.get_trials(deepcopy=False)}
         for others, boundary in self.boundaries.items():
             if not boundary.settled:
@@ -585,7 +656,8 @@ class Sweep:
                 attrs = {"source": "probe", "probe_key": key, "status": "ok", "preemptions": count,
                          "ratio": cost / base, "usd_per_mtok": cost, "record_ids": [record.get("record_id")],
                          "ran_on": [where(record)], "constraints": [float(count - self.settings.max_preemptions)],
-                         "constraint_names": ["preemptions"], "notes": ["one probe run, not a comparison"]}
+                         "constraint_names": ["preemptions"],
+                         "notes": [f"one probe run, not a comparison; its ratio is to {self.yardstick()}'s probe"]}
                 e2e = ((record.get("latency_s") or {}).get("e2e") or {}).get("p95") or 0.0
                 values = [cost / base, e2e] if self.settings.multi_objective else [cost / base]
                 self.study.add_trial(optuna.trial.create_trial(
@@ -655,7 +727,7 @@ class Sweep:
         boundary = self.boundaries[others]
         index = boundary.values.index(trial.params[knob])
         nearest = min((i for i in boundary.probed if boundary.dirty(i)), key=lambda i: abs(i - index))
-        base = self.probe_cost(self.baseline_probe) if self.baseline_probe else None
+        base = self.yardstick_cost()
         cost = self.probe_cost(self.probe_records[(others, nearest)])
         count = boundary.counts[nearest][0]  # None: that probe's engine failed
         violation = float(count - self.settings.max_preemptions) if count is not None else 1.0
@@ -776,10 +848,13 @@ class Sweep:
             record = self.baseline_probe  # there is one: schedule_twin names the baseline only then
             preempt = record.get("preemptions") or 0
             p95 = {f"p95_{m}_s": _p95(record, m) for m in ("ttft", "tpot", "itl", "e2e")}
-            attrs = {"ratio": 1.0, "preemptions": preempt, "usd_per_mtok": self.probe_cost(record), **p95,
+            # to the reference: one probe over the reference's (its ratio to the baseline is 1 exactly)
+            yardstick, own = self.yardstick_cost(), self.probe_cost(record)
+            ratio = own / yardstick if self.reference is not None and own and yardstick else 1.0
+            attrs = {"ratio": ratio, "preemptions": preempt, "usd_per_mtok": own, **p95,
                      **constraint_attrs(preempt, p95["p95_ttft_s"], p95["p95_tpot_s"], p95["p95_itl_s"],
                                         self.settings)}
-            values, name = [1.0, p95["p95_e2e_s"]], "the baseline"
+            values, name = [ratio, p95["p95_e2e_s"]], "the baseline"
         else:
             attrs = {k: twin.user_attrs[k] for k in SCHEDULE_ATTRS if k in twin.user_attrs}
             values, name = list(twin.values), f"trial {twin.number}"
@@ -885,7 +960,7 @@ class Sweep:
                 comp.trial, comp.probe = trial, ("schedule",)
                 return comp
             comp = self.comparison(resume_key(trial), "search", trial.params, self.settings.replicates, slot,
-                                   lead=leader(trial.number))
+                                   lead=leader(trial.number), arms=self.search_arms(trial.params))
             comp.trial = trial
             comparing[trial.number] = trial
             return comp
@@ -921,6 +996,11 @@ class Sweep:
                 trial.set_user_attr("attempts_exhausted", fault.blame == "slot")  # the flags' fault or the slot's
                 self.study.tell(trial, state=TrialState.FAIL)
                 self.say(f"trial {trial.number} {trial.params}: FAILED ({why})")
+                if fault.blame == "baseline" and self.reference is not None:  # the yardstick's arm
+                    raise BaselineFails(f"{self.yardstick()} failed again ({comp.faults + 1} attempts at this "
+                                        f"comparison stopped by faults, the last: {fault.record.get('reason')}), "
+                                        "though it ran clean in the probes: search comparisons against it cannot "
+                                        "go on; run the same command again to resume, or study.reference=baseline")
                 if fault.blame == "baseline":
                     raise BaselineFails(f"the baseline {self.baseline_flags} failed again ({comp.faults + 1} attempts "
                                         f"at this comparison stopped by faults, the last: {fault.record.get('reason')});"

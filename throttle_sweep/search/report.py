@@ -84,8 +84,15 @@ def fmt_params(params: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(params.items()))
 
 
+def yardstick(study: optuna.Study) -> str:
+    """What the search's ratios are to: the reference point (Sweep.choose_reference) or the baseline."""
+    ref = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "reference"), None)
+    return f"reference {fmt_params(ref.params)}" if ref is not None else "baseline"
+
+
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     rows = trial_rows(result.study)
+    versus = yardstick(result.study)
     many = len({r["ran_on"] for r in rows if r["ran_on"]}) > 1  # several slots: say which ran each trial
     out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [CI]':<22} {'verdict':<13} {'preempt':>7}  "
            + (f"{'slot':<26}" if many else "") + "status"]
@@ -97,12 +104,14 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] and r["ci"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
         if r["source"] == "probe":
-            status = "infeasible (one probe run; ratio to the baseline probe)"
+            status = f"infeasible (one probe run; ratio to the {versus.split(' ')[0]}'s probe)"
             ratio = f"{r['ratio']:.3f} (probe)"
         elif r["source"] == "schedule":
             status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "
                       "(not measured again)")
             ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('the ')})"
+        elif r["source"] == "reference":
+            status, ratio = "the search's reference: its ratios are to this point (probed clean twice)", "1 (reference)"
         elif r["source"] == "boundary":
             status, ratio, usd = "infeasible (beyond the probed boundary: not run)", "-", "-"
             r = {**r, "reason": None}
@@ -119,8 +128,11 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     levels = sorted({r["alpha"] for r in rows if r["alpha"]})
     level = "/".join(f"{100 * (1 - a):g}%" for a in levels) or "95%"
     out.append(f"($ per million output tokens, {BASIS_LABEL[result.cost_basis]}, {price.label()}; "
-               f"ratio = candidate/baseline, drift-aware, {level} intervals"
+               f"ratio = candidate/{versus}, drift-aware, {level} intervals"
                + (": alpha split over the looks a screen may take)" if any((r["looks"] or 1) > 1 for r in rows) else ")"))
+    if versus != "baseline":
+        out.append(f"(the search compared candidates against the {versus}, fast and clean; the confirmations "
+                   "below measure against the baseline)")
     out.extend(boundary(result.study))
     if result.pareto:
         out.append("Pareto front of feasible trials (cost ratio vs the candidate's p95 end-to-end latency):")
@@ -138,7 +150,7 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
             note = (" - cheaper than the best feasible point: recomputation is cheap on this engine, but "
                     "preemption costs tail latency, so it stays excluded")
         out.append(f"for information, cheapest with preemption allowed: {fmt_params(cheapest.params)} ratio "
-                   f"{cost(cheapest):.3f} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
+                   f"{cost(cheapest):.3f}{'' if versus == 'baseline' else ' to the ' + versus} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
     for c in result.confirmations:
         quoted = c.adjusted or c.analysis
         est = quoted.estimate
@@ -225,7 +237,7 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         mark_boundary_and_winner(ax, study, flag)
         ax.set_xlabel(flag)
-        ax.set_ylabel("cost ratio vs baseline (interval of the table)")
+        ax.set_ylabel(f"cost ratio vs {yardstick(study)} (interval of the table)")
         ax.legend()
         fig.tight_layout()
         name = f"cost_vs_{flag}.png"
@@ -241,7 +253,7 @@ def plot(out: Path, study: optuna.Study) -> list[str]:
         best.append(running)
     ax.step([t.number for t in done], best, where="post", label="best feasible so far")
     ax.set_xlabel("trial")
-    ax.set_ylabel("cost ratio vs baseline")
+    ax.set_ylabel(f"cost ratio vs {yardstick(study)}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "history.png", dpi=100)

@@ -57,17 +57,24 @@ def per_look(thresholds: Thresholds, looks: int, family: int = 1) -> Thresholds:
 
 
 def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alpha: float,
-                shrink: float = 1.0) -> str | None:
+                shrink: float = 1.0, *, needs_saving: bool = True) -> str | None:
     """Why a search comparison can stop at this look, or None to go on. `shrink`: how much the candidate's
     standard error would shrink by the planned end (sqrt(runs now / runs planned)); if even then the rank
     against the best so far could not be decided, more runs are futile and confirmation decides it (a
-    futility stop never makes a claim, so it costs no error rate)."""
+    futility stop never makes a claim, so it costs no error rate). `needs_saving=False`: the comparison's
+    other arm is a feasible candidate (the search's reference), not the baseline, so a saving against it is
+    not what makes a candidate eligible; only its rank is, and an undecided verdict may stop for futility too."""
     if estimate is None:
         return "no estimate can be made"
     if verdict in (PRICIER, NO_DIFFERENCE):
         return f"{verdict}: it cannot win"
     if best is not None and clearly_lower(best, estimate, alpha):  # type: ignore[arg-type]
         return "clearly pricier than the best feasible candidate so far"
+    if not needs_saving and best is not None and verdict != CHEAPER:
+        reach = sps.norm.ppf(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
+        if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
+            return "its rank against the best so far cannot be decided within the plan: confirmation decides"
+        return None
     if verdict == CHEAPER:
         if best is None:
             return "CHEAPER, and the first feasible saving"
