@@ -589,8 +589,8 @@ class Sweep:
         if s.reference != "auto" or s.multi_objective or any(
                 limit is not None for limit in (s.max_p95_ttft_s, s.max_p95_tpot_s, s.max_p95_itl_s)):
             return
-        if any(measured(t) for t in trials):  # a study begun against the baseline keeps it
-            return
+        if any(measured(t) or t.user_attrs.get("source") in ("probe", "boundary", "schedule") for t in trials):
+            return  # a study whose trials were told against the baseline keeps it
         boundary = next(iter(self.boundaries.values()), None)
         clean = boundary.edge()[0] if boundary is not None and boundary.settled else None
         if clean is None or not boundary.exact():
