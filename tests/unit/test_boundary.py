@@ -388,3 +388,50 @@ def test_study_reference_baseline_compares_the_search_against_the_baseline_and_a
     cfg = compose_cfg("backend=fake", "+space=batching", "study.reference=fastest", tmp_path=tmp_path)
     with pytest.raises(ConfigError, match="study.reference must be auto or baseline, but got 'fastest'"):
         sweep_cmd.run(cfg, Console(quiet=True))
+
+
+def test_a_study_keeps_its_reference_on_a_resume_and_refuses_settings_that_need_the_baseline(tmp_path):
+    """A resume that probes no more (study.boundary=none) still compares against the study's reference, never
+    the baseline beside ratios to the reference; one that asks for the baseline as yardstick (or latency limits,
+    which one probe cannot vouch for) is refused with a clear error before anything is measured."""
+    study, records = reference_sweep(tmp_path, "keep")
+    (ref,) = [t for t in study.trials if t.user_attrs.get("source") == "reference"]
+    study, after = reference_sweep(tmp_path, "keep", "study.boundary=none", "study.n_trials=6")
+    new = [r for r in after[len(records):] if r["stage"] == "search"]
+    assert new and {r["flags"]["max_num_seqs"] for r in new if r["arm"] == "baseline"} == {ref.params["max_num_seqs"]}
+    for bad in ("study.reference=baseline", "study.max_p95_ttft_s=1.0"):
+        with pytest.raises(ConfigError, match=f"study 'keep' searched against the reference .*{bad.split('=')[0]}"):
+            reference_sweep(tmp_path, "keep", bad, "study.n_trials=8")
+        assert len(read_records(tmp_path / "keep" / "replicates.jsonl")) == len(after)
+
+
+class ReferencePreemptsPool(ParallelPool):
+    """The noiseless fake, except that the search's reference arm preempts in search comparisons (a slot with
+    less KV than the probes', or an engine less deterministic than closed-loop work promises)."""
+
+    def wait(self):
+        done = super().wait()
+        for job, record in done:
+            if job.context.get("stage") == "search" and job.arm == "baseline":
+                record["preemptions"] = 2
+        return done
+
+
+def test_a_reference_that_preempts_in_a_search_comparison_answers_nothing():
+    """The reference is clean by its probes, not by law: where its arm preempts in a comparison, its cost is
+    inflated and the ratio flatters the candidate. That comparison answers nothing (blamed on the yardstick,
+    the point stays on offer) instead of ranking the candidate on it."""
+    from throttle_sweep.search.driver import Sweep, SweepSettings
+
+    flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    sweep = Sweep(study=study, distributions={"max_num_seqs": IntDistribution(1, 32)}, base_flags=flags,
+                  baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=ReferencePreemptsPool(),
+                  write=lambda r: None, existing=[],
+                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=3, replicates=2, confirm_top=1,
+                                         confirm_replicates=2))
+    result = sweep.run()
+    compared = [t for t in study.trials if t.user_attrs.get("comparison") and t.user_attrs.get("source") is None]
+    assert compared and all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["blame"] == "baseline"
+                            and "the reference preempted" in t.user_attrs["reason"] for t in compared)
+    assert result.winner is not None and result.winner.params == sweep.reference  # confirmed against the baseline

@@ -91,11 +91,17 @@ def test_against_the_reference_an_undecided_rank_stops_for_futility_and_a_clear_
     more runs can show the saving that eligibility needs. A futility stop makes no claim."""
     from throttle_sweep.search.sequential import Stored
 
-    reference, near = Stored(1.0, 0.0, 1), Stored(0.99, 0.05, 1)
+    reference, near = Stored(1.0, 0.0, 1), Stored(0.99, 0.05, 3)
     why = search_stop("INCONCLUSIVE", near, reference, 0.025, shrink=math.sqrt(0.5), needs_saving=False)
     assert why is not None and "cannot be decided within the plan" in why
     assert search_stop("INCONCLUSIVE", near, reference, 0.025, shrink=math.sqrt(0.5)) is None
-    far = Stored(0.80, 0.05, 1)  # four sds below the best: more runs can decide its rank
+    # one residual df (after the first B C C B block) says too little of the noise: no futility stop yet (in
+    # simulation that stop ended over half of all near-reference comparisons at their first block)
+    assert search_stop("INCONCLUSIVE", Stored(0.99, 0.05, 1), reference, 0.025, shrink=math.sqrt(0.5),
+                       needs_saving=False) is None
+    # equal to the reference within the margin is no reason to drop it: confirmation ranks it
+    assert "confirmation ranks it" in search_stop("NO DIFFERENCE", near, reference, 0.025, needs_saving=False)
+    far = Stored(0.80, 0.05, 3)  # four sds below the best: more runs can decide its rank
     assert search_stop("INCONCLUSIVE", far, reference, 0.025, shrink=math.sqrt(0.5), needs_saving=False) is None
     assert search_stop("PRICIER", Stored(1.2, 0.02, 5), reference, 0.025, needs_saving=False) == \
         "PRICIER: it cannot win"

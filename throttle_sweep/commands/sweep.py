@@ -25,7 +25,7 @@ from throttle_sweep.progress import Progress, progress_for
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
-from throttle_sweep.search.driver import Sweep, SweepSettings, SweepStopped, resume_key
+from throttle_sweep.search.driver import Sweep, SweepSettings, SweepStopped, resume_key, same_yardstick
 from throttle_sweep.search.report import lines, write_report
 from throttle_sweep.search.space import build_space, grid, within_in_flight
 from throttle_sweep.settings import (
@@ -159,6 +159,7 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     say = partial(console.print, highlight=False)
     study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
     same_measurement(study, baseline=baseline, workload=asdict(spec))
+    same_yardstick(study, settings, name)
     OmegaConf.save(cfg, out / "config.yaml")
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
@@ -261,7 +262,8 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
     study.set_user_attr("space", plain(cfg.space))
     with warnings.catch_warnings():  # set_metric_names is "experimental"; it names the axes in optuna-dashboard
         warnings.simplefilter("ignore")
-        study.set_metric_names(["cost_ratio_vs_baseline", "p95_e2e_s"][: len(study.directions)])
+        # the ratio is to the search's yardstick: the baseline, or the reference point (study attr `reference`)
+        study.set_metric_names(["cost_ratio", "p95_e2e_s"][: len(study.directions)])
     console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
                   f"{'up to ' if settings.sequential else ''}{settings.replicates}+{settings.replicates} interleaved "
                   f"replicates each ({settings.schedule}{', after a warm-up run' if settings.warmup_replicate else ''}"

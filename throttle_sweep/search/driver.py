@@ -1,5 +1,6 @@
-"""The Optuna loop: propose flags, judge each candidate by interleaved replicates against the baseline on
-one slot, keep preemption as a constraint, then re-measure the best few.
+"""The Optuna loop: propose flags, judge each candidate by interleaved replicates against the search's
+yardstick on one slot (the boundary's last clean point once the probes name it, else the baseline), keep
+preemption as a constraint, then re-measure the best few against the baseline.
 
 Only this driver writes records (append + fsync, as each replicate arrives) and tells the study. What a
 comparison's records say decides what happens to it, in one run or after a resume (`settle`): complete, it
@@ -25,7 +26,7 @@ from optuna.trial import TrialState
 from throttle_sweep.analysis import Analysis, analyse, judged_cost
 from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
 from throttle_sweep.engines.flags import flags_key
-from throttle_sweep.errors import ThrottleSweepError
+from throttle_sweep.errors import ConfigError, ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
@@ -121,6 +122,28 @@ def broken_constraints(attrs: Mapping[str, Any], settings: SweepSettings) -> lis
               "p95_tpot_s": settings.max_p95_tpot_s, "p95_itl_s": settings.max_p95_itl_s}
     return [f"{name}: {attrs[name]:g} > {limits[name]:g}"
             for name, value in zip(attrs["constraint_names"], attrs["constraints"], strict=True) if value > 0]
+
+
+def told_reference(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The study's search reference (Sweep.choose_reference), if it has one."""
+    return next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "reference"), None)
+
+
+def same_yardstick(study: optuna.Study, settings: SweepSettings, name: str) -> None:
+    """A study searched against a reference keeps it: a resume that asks for the baseline, latency limits or two
+    objectives (which the reference's probes cannot vouch for) is refused before anything is measured."""
+    ref = told_reference(study)
+    if ref is None:
+        return
+    limits = {"max_p95_ttft_s": settings.max_p95_ttft_s, "max_p95_tpot_s": settings.max_p95_tpot_s,
+              "max_p95_itl_s": settings.max_p95_itl_s}
+    wants = ["study.reference=baseline"] if settings.reference == "baseline" else []
+    wants += [f"study.{k}={v:g} (a latency limit)" for k, v in limits.items() if v is not None]
+    wants += ["study.multi_objective=true"] if settings.multi_objective else []
+    if wants:
+        raise ConfigError(f"study '{name}' searched against the reference {ref.params} (the boundary's last clean "
+                          f"point), and {', '.join(wants)} needs the baseline as the search's yardstick: a resume "
+                          "cannot mix the two; give a new study.name to start afresh with these settings")
 
 
 def leader(trial_number: int) -> str:
@@ -581,10 +604,8 @@ class Sweep:
         with fresh replicates. Kept for the life of a study, so a resume never mixes two yardsticks. Not with
         latency limits or two objectives (a probe is one run: it cannot vouch for the reference's tail)."""
         trials = self.study.get_trials(deepcopy=False)
-        told = next((t for t in trials if t.user_attrs.get("source") == "reference"), None)
-        if told is not None:
-            self.reference = dict(told.params)
-            return
+        if self.reference is not None or told_reference(self.study) is not None:
+            return  # (a resume: run() took the study's own)
         s = self.settings
         if s.reference != "auto" or s.multi_objective or any(
                 limit is not None for limit in (s.max_p95_ttft_s, s.max_p95_tpot_s, s.max_p95_itl_s)):
@@ -628,8 +649,8 @@ class Sweep:
     def yardstick_cost(self) -> float | None:
         """What a probe's cost is divided by: the reference's probes (geometric mean), or the baseline probe."""
         if self.reference is not None:
-            ref = next(t for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "reference")
-            return ref.user_attrs["usd_per_mtok"]
+            ref = told_reference(self.study)
+            return ref.user_attrs.get("usd_per_mtok") if ref is not None else None
         return self.probe_cost(self.baseline_probe) if self.baseline_probe else None
 
     def search_arms(self, params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -639,7 +660,7 @@ class Sweep:
 
     def tell_probes(self) -> None:
         """Probed preempting points become completed, infeasible trials (once): what the samplers learn the
-        infeasible region from. Their ratio is one probe's cost over the baseline probe's, not a comparison."""
+        infeasible region from. Their ratio is one probe's cost over the yardstick's probes (yardstick_cost), not a comparison."""
         base = self.yardstick_cost()
         told = {t.user_attrs.get("probe_key") for t in self.study.get_trials(deepcopy=False)}
         for others, boundary in self.boundaries.items():
@@ -1000,7 +1021,8 @@ class Sweep:
                     raise BaselineFails(f"{self.yardstick()} failed again ({comp.faults + 1} attempts at this "
                                         f"comparison stopped by faults, the last: {fault.record.get('reason')}), "
                                         "though it ran clean in the probes: search comparisons against it cannot "
-                                        "go on; run the same command again to resume, or study.reference=baseline")
+                                        "go on; run the same command again to resume, or give a new study.name "
+                                        "with study.reference=baseline")
                 if fault.blame == "baseline":
                     raise BaselineFails(f"the baseline {self.baseline_flags} failed again ({comp.faults + 1} attempts "
                                         f"at this comparison stopped by faults, the last: {fault.record.get('reason')});"
@@ -1017,6 +1039,16 @@ class Sweep:
             if analysis.estimate is None:
                 trial.set_user_attr("reason", "; ".join(analysis.notes))
                 self.study.tell(trial, state=TrialState.FAIL)
+                return
+            if self.reference is not None and attrs["baseline_preemptions"] > self.settings.max_preemptions:
+                # clean by its probes, not by law (a slot with less KV, an engine less deterministic than closed-
+                # loop work promises): its inflated cost would flatter the candidate. Answers nothing; on offer again
+                why = (f"the reference preempted ({attrs['baseline_preemptions']} in one run) in this comparison, "
+                       "though clean in its probes: the ratio would flatter the candidate")
+                for key, value in {"status": "failed", "blame": "baseline", "reason": why}.items():
+                    trial.set_user_attr(key, value)
+                self.study.tell(trial, state=TrialState.FAIL)
+                self.say(f"trial {trial.number} {trial.params}: not answered ({why})")
                 return
             set_constraints(trial, attrs)
             if self.settings.multi_objective:
@@ -1078,8 +1110,10 @@ class Sweep:
         rounds = [todo]
         if self.settings.sequential and not self.settings.multi_objective and len(todo) > 1:
             best = to_rank(todo[0].user_attrs)
+            # at the screens' own alpha (the reference has none of its own: the best's, then the plain one)
             later = [t for t in todo[1:] if best and (r := to_rank(t.user_attrs)) and clearly_lower(
-                best, r, t.user_attrs.get("alpha_per_look", self.settings.thresholds.alpha))]
+                best, r, t.user_attrs.get("alpha_per_look") or todo[0].user_attrs.get("alpha_per_look")
+                or self.settings.thresholds.alpha)]
             if later:
                 rounds = [[t for t in todo if t not in later], later]
         results: list[Confirmation] = []
@@ -1131,6 +1165,8 @@ class Sweep:
         return results
 
     def run(self) -> SweepResult:
+        told = told_reference(self.study)  # a study keeps its yardstick, probed again or not (same_yardstick)
+        self.reference = dict(told.params) if told is not None else None
         self.find_boundaries()
         self.plan_after_probes()
         self.search()

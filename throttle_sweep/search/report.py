@@ -104,7 +104,7 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] and r["ci"] else "-"
         status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
         if r["source"] == "probe":
-            status = f"infeasible (one probe run; ratio to the {versus.split(' ')[0]}'s probe)"
+            status = f"infeasible (one probe run; ratio to the {versus.split(' ')[0]}'s probe{'s' if versus != 'baseline' else ''})"
             ratio = f"{r['ratio']:.3f} (probe)"
         elif r["source"] == "schedule":
             status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "

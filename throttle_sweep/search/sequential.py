@@ -10,7 +10,10 @@ is tolerable for a screen, because confirmation decides. A confirmation is looke
 B C C B C B B C pairs, which are balanced against linear drift, curvature and an odd/even rhythm. A search comparison stops when its
 verdict against the baseline is decided and its rank against the best feasible candidate so far is too
 (clearly cheaper or clearly pricier, or out of reach of the planned runs: confirmation ranks those), or when
-it can no longer win (PRICIER, NO DIFFERENCE, or clearly pricier than the best). A confirmation stops when its (also family-adjusted) verdict is decided, unless it
+it can no longer win (PRICIER, NO DIFFERENCE, or clearly pricier than the best). Against the search's
+reference (a feasible candidate, not the baseline) only the rank matters: PRICIER or clearly pricier ends it,
+and an open verdict stops once its rank is out of reach (from the second look on: one residual df says too
+little of the noise). A confirmation stops when its (also family-adjusted) verdict is decided, unless it
 must still be told apart from other confirmed savings.
 """
 
@@ -66,11 +69,15 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
     not what makes a candidate eligible; only its rank is, and an undecided verdict may stop for futility too."""
     if estimate is None:
         return "no estimate can be made"
-    if verdict in (PRICIER, NO_DIFFERENCE):
+    if verdict == PRICIER or (verdict == NO_DIFFERENCE and needs_saving):
         return f"{verdict}: it cannot win"
+    if verdict == NO_DIFFERENCE:  # against the reference: equal within the margin; confirmation ranks it
+        return "NO DIFFERENCE from the reference: confirmation ranks it"
     if best is not None and clearly_lower(best, estimate, alpha):  # type: ignore[arg-type]
         return "clearly pricier than the best feasible candidate so far"
     if not needs_saving and best is not None and verdict != CHEAPER:
+        if estimate.df < 2:  # one residual df (the first B C C B block) says too little of the noise to give up on
+            return None
         reach = sps.norm.ppf(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
         if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
             return "its rank against the best so far cannot be decided within the plan: confirmation decides"
