@@ -39,9 +39,12 @@ def servers_running() -> list[int]:
             if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])]
 
 
-def test_a_warm_server_counts_the_same_preemptions_every_replicate_and_is_gone_after(tmp_path):
-    """12 requests of 32+128 tokens with 2 MiB of KV cache: at max_num_seqs=12 the server preempts, twice the
-    same on one warm server (its prefix cache reset between); every request produces its exact length."""
+def test_a_warm_server_counts_each_replicates_own_preemptions_and_is_gone_after(tmp_path):
+    """12 requests of 32+128 tokens with 2 MiB of KV cache: at max_num_seqs=12 the server preempts on every
+    replicate of one warm server (its prefix cache reset between), each replicate counting its own; every
+    request produces its exact length. How many times is not exact over HTTP, unlike in-process: the requests
+    reach the server one by one, and where each lands among the engine's steps moves the schedule (CI saw 5
+    then 6 on one server). The sweep's boundary recheck is what catches that (search/boundary.py)."""
     engine = VllmServerEngine(log_dir=tmp_path / "logs", start_timeout_s=300)
     spec = WorkloadSpec(num_requests=12, prompt_len=32, output_len=128, concurrency=12, warmup_requests=0)
     session = engine.start({**EDGE, "max_num_seqs": 12})
@@ -54,7 +57,7 @@ def test_a_warm_server_counts_the_same_preemptions_every_replicate_and_is_gone_a
     finally:
         session.close()
     assert [r["status"] for r in records] == ["ok", "ok"], [r.get("reason") for r in records]
-    assert records[0]["preemptions"] == records[1]["preemptions"] > 0
+    assert all(r["preemptions"] > 0 for r in records)
     assert all(r["output_tokens"] == 12 * 128 and r["requests_wrong_length"] == 0 for r in records)
     assert session.prefix_cache_reset is True
     alone = VllmInprocEngine().start({**EDGE, "max_num_seqs": 12})  # the same work on the in-process engine
@@ -63,7 +66,11 @@ def test_a_warm_server_counts_the_same_preemptions_every_replicate_and_is_gone_a
     finally:
         alone.close()
     assert records[0]["kv_cache"] == inproc["kv_cache"] and records[0]["kv_cache"]["blocks"]
-    assert records[0]["preemptions"] == inproc["preemptions"]
+    # the in-process engine preempts on the same work; a count that carried the last replicate's over (a
+    # cumulative counter read as a delta, or the first read too early) would double the second's
+    assert inproc["preemptions"] > 0
+    assert all(inproc["preemptions"] / 2 <= r["preemptions"] <= inproc["preemptions"] * 1.5 for r in records), (
+        [r["preemptions"] for r in records], inproc["preemptions"])
     assert all(r["peak_kv_cache_usage"] > 0.5 for r in records)  # sampled from /metrics while it ran
     assert not psutil.pid_exists(pid) and pid not in servers_running() and port_is_free(port)
 
