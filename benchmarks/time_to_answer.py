@@ -24,7 +24,8 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ["+experiment=demo"]
 OLD = ["+experiment=demo", "slots=1", "+space.max_num_seqs.step=2", "space.max_num_seqs.high=14", "study.n_trials=7",
-       "compare.replicates=2", "study.boundary=none", "study.sequential=false", "study.same_schedule=false"]
+       "compare.replicates=2", "study.boundary=none", "study.sequential=false", "study.same_schedule=false",
+       "study.shared_baseline=false"]
 
 
 def run(kind: str, out: Path) -> dict:

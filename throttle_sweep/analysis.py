@@ -140,6 +140,22 @@ def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, tok
     return Analysis(est.verdict, est, rows, labels, notes, basis)
 
 
+def candidate_view(records: Sequence[Mapping[str, Any]], trial: int | None) -> list[dict[str, Any]]:
+    """One candidate's comparison inside a joint one (several candidates sharing the baseline's runs, see
+    schedule.joint_schedule): the baseline's runs and that candidate's, at the positions they ran. Each pair
+    of arms of a joint schedule is balanced on its own, so this is a plain two-arm comparison."""
+    return [dict(r) for r in records if r["arm"] == BASELINE or r.get("trial") == trial]
+
+
+def split_joint(records: Sequence[Mapping[str, Any]]) -> list[tuple[int | None, list[dict[str, Any]]]]:
+    """A comparison's records as the two-arm comparisons they hold: [(None, all)] for a plain one, one
+    (trial, view) per candidate for a joint one (its records say `confirmed_together`)."""
+    together = next((r.get("confirmed_together") for r in records if r.get("confirmed_together")), None)
+    if not together:
+        return [(None, [dict(r) for r in records])]
+    return [(trial, candidate_view(records, trial)) for trial in together]
+
+
 # ---- analyze input: this tool's records, or a minimal CSV / JSONL (arm, order, usd_per_mtok) ----
 
 def load_input(path: Path) -> list[dict[str, Any]]:

@@ -80,6 +80,7 @@ class StudyConf:
     sequential: bool = True  # look after every balanced block; stop a comparison once it is decided
     same_schedule: bool = True  # flags with a measured configuration's engine schedule take its answer
     reference: str = "auto"  # search comparisons against: auto (the boundary's last clean point) | baseline
+    shared_baseline: bool = True  # confirmations run one after another share the baseline's runs (one schedule)
 
 
 @dataclass

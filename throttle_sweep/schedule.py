@@ -53,6 +53,33 @@ def make_schedule(kind: str, replicates: int, *, seed: int = 0, lead: str = BASE
     return order
 
 
+def joint_arm(i: int) -> str:
+    """The label of the i-th candidate (from 0) in a joint schedule: 'candidate', 'candidate-2', ..."""
+    return CANDIDATE if i == 0 else f"{CANDIDATE}-{i + 1}"
+
+
+def joint_schedule(candidates: int, replicates: int, *, lead: int = 0) -> list[str]:
+    """One baseline and several candidates in one run order, `replicates` runs of each arm: mirrored blocks
+    (B C1 C2 C2 C1 B, then C1 C2 B B C2 C1, ...), each block the arms in turn and back, the next block's turn
+    starting one arm later (`lead`: where the first block starts). In a mirrored block every arm's mean
+    position is the block's middle and its two runs fall on an odd and an even position, so every pair of
+    arms, the baseline with each candidate and the candidates with each other, is balanced against linear
+    drift and an odd/even rhythm, as B C C B C B B C is. The baseline is run `replicates` times for all of
+    them together, not once per candidate: that is the point (its runs are the slowest of a sweep)."""
+    if not isinstance(candidates, int) or candidates < 1:
+        raise ConfigError(f"a joint schedule needs at least one candidate, but got {candidates!r}")
+    if not isinstance(replicates, int) or replicates < 2 or replicates % 2:
+        raise ConfigError(f"a joint schedule runs mirrored blocks, two runs of each arm: study.confirm_replicates "
+                          f"must be even and at least 2, but got {replicates!r}")
+    arms = [BASELINE, *(joint_arm(i) for i in range(candidates))]
+    order: list[str] = []
+    for block in range(replicates // 2):
+        turn = (block + lead) % len(arms)
+        half = arms[turn:] + arms[:turn]
+        order += half + half[::-1]
+    return order
+
+
 def with_warmup(order: list[str]) -> list[str]:
     """One unmeasured run first, with the leading arm's flags: whatever makes a process's first run slow
     (caches, allocator, clocks) lands on it instead of on one arm. Its record says `warmup: true`."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input
+from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input, split_joint
 from throttle_sweep.commands.compare import thresholds_from
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
@@ -22,9 +22,13 @@ def run(cfg: DictConfig, console: Console) -> int:
         raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {cfg.compare.cost!r}")
     path = Path(cfg.input)
     records = load_input(path)
-    groups: dict[str | None, list[dict]] = {}
+    by_comparison: dict[str | None, list[dict]] = {}
     for record in records:
-        groups.setdefault(record.get("comparison"), []).append(record)
+        by_comparison.setdefault(record.get("comparison"), []).append(record)
+    groups: dict[str | None, list[dict]] = {}  # a joint confirmation: one comparison per candidate
+    for comparison, group in by_comparison.items():
+        for trial, view in split_joint(group):
+            groups[comparison if trial is None else f"{comparison}-trial-{trial}"] = view
     out_root = Path(cfg.results_dir) / cfg.run if cfg.run else path.parent
     for i, (comparison, group) in enumerate(groups.items()):
         check_positions(group, str(path))

@@ -117,7 +117,7 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
         thresholds=thresholds_from(cfg), multi_objective=s.multi_objective,
         boundary_settings_max=s.boundary_settings_max, sequential=s.sequential, same_schedule=s.same_schedule,
-        reference=s.reference)
+        reference=s.reference, shared_baseline=s.shared_baseline)
 
 
 def run(cfg: DictConfig, console: Console) -> int:

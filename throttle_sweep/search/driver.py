@@ -23,12 +23,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from throttle_sweep.analysis import Analysis, analyse, judged_cost
+from throttle_sweep.analysis import Analysis, analyse, candidate_view, judged_cost
 from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ConfigError, ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
+from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_arm, joint_schedule, make_schedule, with_warmup
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
 from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
 from throttle_sweep.search.sequential import confirm_stop, look_ends, per_look, search_stop, to_rank
@@ -73,6 +73,7 @@ class SweepSettings:
     sequential: bool = True  # look after every balanced block and stop comparisons once decided
     same_schedule: bool = True  # one engine schedule, one configuration (search/schedules.py)
     reference: str = "auto"  # what search comparisons run against: auto (see Sweep.choose_reference) | baseline
+    shared_baseline: bool = True  # confirmations run one after another share the baseline's runs (joint_schedule)
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Comparison:
     probe: tuple[Any, ...] | None = None  # a probe: (search, value index, repeat)
     family: int = 1  # confirmations judged together (their alpha is shared)
     ranked: bool = False  # a confirmation that must also be told apart from others confirmed with it
+    joint: dict[str, int] | None = None  # several candidates sharing the baseline's runs: arm label -> trial
 
     def next_position(self) -> int | None:
         return next((p for p in range(len(self.order)) if p not in self.records), None)
@@ -162,6 +164,7 @@ class Confirmation:
     family: int = 1  # candidates confirmed together
     looks: int = 1  # looks its comparison was planned with (alpha / (family x looks) per look)
     stopped: str | None = None  # why it stopped before its planned end
+    shared: list[int] | None = None  # the trials whose confirmation shared these baseline runs (joint schedule)
 
     @property
     def significant(self) -> bool:
@@ -459,8 +462,11 @@ class Sweep:
     def _submit(self, comp: Comparison, running: Mapping[int, Comparison], alone: bool) -> None:
         position = comp.next_position()
         arm = comp.order[position]
+        trial = comp.trial.number if comp.trial else comp.source_trial
+        if comp.joint is not None:  # whose run it is: a candidate's trial; the baseline's runs are everyone's
+            trial = comp.joint.get(arm)
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
-                   "trial": comp.trial.number if comp.trial else comp.source_trial,
+                   "trial": trial, **({"confirmed_together": sorted(comp.joint.values())} if comp.joint else {}),
                    "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None,
                    "slots": 1 if alone else len(self.pool.slots)}  # how many measured side by side
         if comp.probe is not None:
@@ -473,7 +479,8 @@ class Sweep:
                     if (p := c.next_position()) is not None}
             message += "  | " + "  ".join(f"[{s}] {busy.get(s, 'idle')}" for s in self.pool.slots)
         self.say(message)
-        self.pool.submit(Job(comp.slot, comp.arms[arm], arm, position, context))
+        # a joint comparison's candidates are each the candidate arm of their own view (analysis.candidate_view)
+        self.pool.submit(Job(comp.slot, comp.arms[arm], BASELINE if arm == BASELINE else CANDIDATE, position, context))
 
     def _again(self, comp: Comparison) -> None:
         fault = comp.fault()
@@ -1125,26 +1132,39 @@ class Sweep:
             results += self._confirm_batch(batch, family, ranked=len(batch) > 1)
         return sorted(results, key=lambda c: c.source_trial)
 
+    def shares_baseline(self, todo: Sequence[optuna.trial.FrozenTrial]) -> bool:
+        """Confirm these together, on one joint schedule: where they would run one after another anyway (one
+        slot, or slots that share a machine and so confirm alone), one set of baseline runs serves them all."""
+        return (self.settings.shared_baseline and len(todo) > 1
+                and (len(self.pool.slots) == 1 or getattr(self.pool, "shares_machine", False)))
+
     def _confirm_batch(self, todo: list[optuna.trial.FrozenTrial], family: int, ranked: bool) -> list[Confirmation]:
         results: list[Confirmation] = []
-        queue = list(todo)
+        queue: list[list[optuna.trial.FrozenTrial]] = [list(todo)] if self.shares_baseline(todo) else [[t] for t in todo]
 
         def start(slot: int) -> Comparison | None:
             if not queue:
                 return None
-            t = queue.pop(0)
-            comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
-                                   self.settings.confirm_replicates, slot, lead=leader(t.number), family=family,
-                                   ranked=ranked)
-            comp.source_trial = t.number
+            group = queue.pop(0)
+            if len(group) == 1:
+                (t,) = group
+                comp = self.comparison(f"confirm-{resume_key(t)}", "confirm", t.params,
+                                       self.settings.confirm_replicates, slot, lead=leader(t.number), family=family,
+                                       ranked=ranked)
+                comp.source_trial = t.number
+                return comp
+            labels = {joint_arm(i): t for i, t in enumerate(group)}
+            arms = {BASELINE: dict(self.baseline_flags),
+                    **{label: {**self.base_flags, **t.params} for label, t in labels.items()}}
+            order = joint_schedule(len(group), self.settings.confirm_replicates, lead=group[0].number)
+            if self.settings.warmup_replicate:
+                order = with_warmup(order)
+            comp = self.comparison("confirm-" + "+".join(resume_key(t) for t in group), "confirm", {}, 0, slot,
+                                   arms=arms, order=order, family=family, ranked=ranked)
+            comp.joint = {label: t.number for label, t in labels.items()}
             return comp
 
-        def finish(comp: Comparison) -> None:
-            if comp.retry():
-                self._again(comp)
-                queue.insert(0, self.study.trials[comp.source_trial])
-                return
-            records = list(comp.records.values())
+        def confirmed(number: int, records: list[dict[str, Any]], comp: Comparison, fault: Fault | None) -> None:
             analysis = analyse(records, self.settings.thresholds, token_tolerance=self.settings.token_tolerance,
                                cost=self.settings.cost_basis)
             # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates and the looks
@@ -1152,12 +1172,34 @@ class Sweep:
             quoted = analyse(records, comp.thresholds, token_tolerance=self.settings.token_tolerance,
                              cost=self.settings.cost_basis)
             broken = broken_constraints(trial_summary(analysis, self.settings), self.settings)
-            fault = comp.fault()
             if fault is not None:  # the replicates that are left are not the comparison that was planned
                 broken.insert(0, f"failed in confirmation ({fault.blame}: {fault.record.get('reason')})")
-            params = self.study.trials[comp.source_trial].params
-            results.append(Confirmation(comp.source_trial, params, analysis, adjusted=quoted, broken=broken,
-                                        family=family, looks=len(comp.looks), stopped=comp.stopped))
+            results.append(Confirmation(number, self.study.trials[number].params, analysis, adjusted=quoted,
+                                        broken=broken, family=family, looks=len(comp.looks), stopped=comp.stopped,
+                                        shared=sorted(comp.joint.values()) if comp.joint else None))
+
+        def finish(comp: Comparison) -> None:
+            group = ([self.study.trials[comp.source_trial]] if comp.joint is None
+                     else [self.study.trials[n] for n in comp.joint.values()])
+            if comp.retry():
+                self._again(comp)
+                queue.insert(0, group)
+                return
+            fault = comp.fault()
+            records = list(comp.records.values())
+            if comp.joint is None:
+                confirmed(comp.source_trial, records, comp, fault)
+                return
+            if fault is not None:  # a candidate that failed is out; the others start again without it
+                failed = fault.record.get("trial")
+                confirmed(failed, candidate_view(records, failed), comp, fault)
+                rest = [t for t in group if t.number != failed]
+                self.say(f"confirm {comp.key}: trial {failed} failed ({fault.record.get('reason')}); the others "
+                         "are confirmed again without it")
+                queue.insert(0, rest)
+                return
+            for number in comp.joint.values():
+                confirmed(number, candidate_view(records, number), comp, None)
 
         # the answer is quoted from these runs: with no other engine beside them on the machine (a neighbour's
         # load that followed their arms could move the ratio; benchmarks/local_slots.py bounds it, not to zero)

@@ -163,6 +163,9 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
                      f"{c.family} confirmed{looks}), {quoted.verdict}")
             if c.stopped:
                 line += f", stopped at {len(c.analysis.records)} runs ({c.stopped})"
+            if c.shared:
+                others = ", ".join(str(n) for n in c.shared if n != c.source_trial)
+                line += f"; baseline runs shared with trial {others}"
         if c.broken:
             line += f"; cannot win: {'; '.join(c.broken)}"
         out.append(line)

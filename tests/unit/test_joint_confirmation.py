@@ -1,0 +1,246 @@
+"""Confirmations that share the baseline's runs: one joint schedule (B C1 C2 C2 C1 B, C1 C2 B B C2 C1) where
+they would run one after another anyway. The baseline is the slowest configuration of a sweep, so this is
+where a sweep's engine time goes; each pair of arms must stay balanced, each candidate's interval calibrated,
+and the records must still say everything needed to recompute each answer offline."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from optuna.distributions import IntDistribution
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.analysis import analyse, candidate_view, split_joint
+from throttle_sweep.commands import analyze as analyze_cmd
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import measure_replicate
+from throttle_sweep.records import read_records
+from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_schedule, with_warmup
+from throttle_sweep.search.driver import Sweep, SweepSettings
+from throttle_sweep.stats import CHEAPER, PRICIER, Observation, Thresholds, clearly_lower, estimate
+from throttle_sweep.workload import WorkloadSpec
+
+SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
+
+
+@given(st.integers(1, 4), st.sampled_from([2, 4, 6, 8]), st.integers(0, 7))
+@settings(max_examples=80, deadline=None)
+def test_a_joint_schedule_balances_every_pair_of_arms(candidates, replicates, lead):
+    """Every arm runs `replicates` times; for every pair of arms the mean run positions are equal (linear drift
+    cancels) and each arm has as many odd as even positions (an alternating rhythm cancels)."""
+    order = joint_schedule(candidates, replicates, lead=lead)
+    arms = sorted(set(order))
+    assert len(arms) == candidates + 1 and BASELINE in arms and CANDIDATE in arms
+    assert Counter(order) == {arm: replicates for arm in arms}
+    where = {arm: [i for i, a in enumerate(order) if a == arm] for arm in arms}
+    for a, b in itertools.combinations(arms, 2):
+        assert sum(where[a]) == sum(where[b])
+    assert all(sum(p % 2 for p in positions) == replicates // 2 for positions in where.values())
+
+
+def test_a_joint_schedule_reads_as_the_mirrored_blocks_and_refuses_odd_counts():
+    assert joint_schedule(2, 4) == ["baseline", "candidate", "candidate-2", "candidate-2", "candidate", "baseline",
+                                    "candidate", "candidate-2", "baseline", "baseline", "candidate-2", "candidate"]
+    with pytest.raises(ConfigError, match="study.confirm_replicates must be even and at least 2, but got 3"):
+        joint_schedule(2, 3)
+
+
+def simulate_joint(order, ratios, *, rng, noise_sd, kind="none"):
+    """Records of a joint schedule (warm-up run first, dropped) under +27% linear drift and one of the
+    review's perturbations; candidate arm labels map to trials 0, 1, ..."""
+    runs = [order[0], *order]
+    n = len(runs)
+    out = []
+    for i, arm in enumerate(runs):
+        factor = 1 + 0.27 * i / (n - 1)
+        factor *= {"none": 1.0, "slow first 10%": 1.10 if i == 0 else 1.0,
+                   "curvature 3%": 1 + 0.03 * (2 * i / (n - 1) - 1) ** 2,
+                   "alternation 1.1%": 1.011 if i % 2 == 0 else 0.989}[kind]
+        trial = None if arm == BASELINE else (0 if arm == CANDIDATE else int(arm.rsplit("-", 1)[1]) - 1)
+        ratio = 1.0 if trial is None else ratios[trial]
+        out.append({"arm": BASELINE if trial is None else CANDIDATE, "trial": trial, "position": i,
+                    "cost": factor * ratio * math.exp(rng.normal(0, noise_sd))})
+    return out[1:]
+
+
+PLAIN = Thresholds()
+
+
+def view_estimate(records, trial, thresholds=PLAIN):
+    return estimate([Observation(r["arm"], r["position"], r["cost"]) for r in candidate_view(records, trial)],
+                    thresholds)
+
+
+N_SIM = 2000
+MC_SLACK = 3 * math.sqrt(0.025 * 0.975 / N_SIM)
+
+
+@pytest.mark.parametrize("kind", ["none", "slow first 10%", "curvature 3%", "alternation 1.1%"])
+def test_each_candidates_view_of_a_joint_schedule_is_calibrated(kind):
+    """A/A for two candidates sharing the baseline's runs (4 each, a warm-up run, the block's turn alternating):
+    each candidate's 95% interval covers the truth in >= 95% of runs (less 3 MC standard errors) and neither
+    false verdict exceeds alpha/2 (plus 3 MC standard errors), as for the two-arm default."""
+    rng = np.random.default_rng(11)
+    covered = cheaper = pricier = 0
+    for i in range(N_SIM):
+        records = simulate_joint(with_warmup(joint_schedule(2, 4, lead=i % 3)), [1.0, 1.0], rng=rng,
+                                 noise_sd=rng.uniform(0.01, 0.03), kind=kind)
+        for trial in (0, 1):
+            est = view_estimate(records, trial)
+            covered += est.ci_low <= 1.0 <= est.ci_high
+            cheaper += est.verdict == CHEAPER
+            pricier += est.verdict == PRICIER
+    total = 2 * N_SIM
+    print(f"\nA/A joint (2 candidates) x4 + warm-up, {kind}: coverage {covered / total:.3f}, false CHEAPER "
+          f"{cheaper / total:.4f}, false PRICIER {pricier / total:.4f}")
+    assert covered / total >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / N_SIM)
+    assert cheaper / total <= 0.025 + MC_SLACK and pricier / total <= 0.025 + MC_SLACK
+
+
+def test_joint_confirmation_keeps_the_power_and_its_direct_contrast_stays_conservative():
+    """Bonferroni for 2 confirmed: a true 5% saving at 1% noise is still CHEAPER in >= 95% of runs; two equal
+    candidates are told apart (the winner rule's direct contrast, which treats the two ratios as independent
+    although they share the baseline's noise) in <= alpha of runs."""
+    rng = np.random.default_rng(12)
+    adjusted = Thresholds(alpha=0.05 / 2)
+    found = apart = 0
+    for i in range(N_SIM):
+        saving = simulate_joint(with_warmup(joint_schedule(2, 4, lead=i)), [0.95, 1.0], rng=rng, noise_sd=0.01)
+        found += view_estimate(saving, 0, adjusted).verdict == CHEAPER
+        equal = simulate_joint(with_warmup(joint_schedule(2, 4, lead=i)), [0.8, 0.8], rng=rng,
+                               noise_sd=rng.uniform(0.01, 0.03))
+        a, b = view_estimate(equal, 0), view_estimate(equal, 1)
+        apart += clearly_lower(a, b, 0.05) or clearly_lower(b, a, 0.05)
+    print(f"\njoint x4, Bonferroni for 2: power {found / N_SIM:.4f}; equal candidates told apart {apart / N_SIM:.4f}")
+    assert found / N_SIM >= 0.95 and apart / N_SIM <= 0.05
+
+
+class OneSlot:
+    """One slot on the fake engine (noiseless unless the knobs say), confirming one at a time; `fail` makes a
+    candidate's confirmation runs with that max_num_seqs fail at start."""
+
+    slots, size = [0], 1
+
+    def __init__(self, fail=None, stop_after=None):
+        self.engine, self.queue, self.fail, self.jobs = FakeEngine(FakeKnobs(noise_sd=0.01)), [], fail, []
+        self.stop_after = stop_after
+
+    def submit(self, job):
+        self.queue.append(job)
+
+    def wait(self):
+        job = self.queue.pop(0)
+        self.jobs.append(job)
+        if self.stop_after is not None and len(self.jobs) > self.stop_after:
+            raise KeyboardInterrupt
+        record = measure_replicate(self.engine, job.flags, SPEC, Price(), run_id="t", arm=job.arm,
+                                   position=job.position, environment={}, context={**job.context, "slot": "s0"})
+        if job.context["stage"] == "confirm" and job.arm == CANDIDATE and job.flags["max_num_seqs"] == self.fail:
+            record.update(status="failed", reason="it would not start", failed_at="start")
+        return [(job, record)]
+
+    def close(self):
+        pass
+
+
+def new_study():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for n in (8, 4):
+        study.enqueue_trial({"max_num_seqs": n})
+    return study
+
+
+def confirming(pool, *, records=None, study=None, shared=True):
+    """A two-trial sweep (max_num_seqs 8 and 4 against 1, no probes) confirming both; `records` (appended to)
+    and `study` carry over from an earlier run."""
+    study = new_study() if study is None else study
+    records = [] if records is None else records
+    sweep = Sweep(study=study, distributions={"max_num_seqs": IntDistribution(1, 8)}, base_flags={"max_model_len": 1024},
+                  baseline_flags={"max_model_len": 1024, "max_num_seqs": 1}, workload_key={}, pool=pool,
+                  write=records.append, existing=list(records),
+                  settings=SweepSettings(n_trials=2, replicates=2, confirm_top=2, confirm_replicates=4,
+                                         shared_baseline=shared, sequential=False))
+    return sweep.run(), records, study
+
+
+@pytest.mark.parametrize("shared, baseline_runs", [(True, 4), (False, 8)])
+def test_two_confirmations_on_one_slot_share_four_baseline_runs(shared, baseline_runs):
+    result, records, _ = confirming(OneSlot(), shared=shared)
+    confirm = [r for r in records if r["stage"] == "confirm"]
+    by_arm = Counter((r["arm"], r["flags"]["max_num_seqs"]) for r in confirm)
+    assert by_arm == {(BASELINE, 1): baseline_runs, (CANDIDATE, 8): 4, (CANDIDATE, 4): 4}
+    assert len(result.confirmations) == 2 and all(c.analysis.estimate is not None for c in result.confirmations)
+    assert result.winner is not None and result.winner.params == {"max_num_seqs": 8}  # the fake: 8 is cheaper
+    if shared:
+        assert {r["comparison"] for r in confirm} == {confirm[0]["comparison"]}
+        trials = sorted(c.source_trial for c in result.confirmations)
+        assert all(r["confirmed_together"] == trials for r in confirm)
+        assert all(c.shared == trials for c in result.confirmations)
+        # each answer is the plain two-arm analysis of its view of the records, as `mode=analyze` recomputes it
+        for c in result.confirmations:
+            again = analyse(candidate_view(confirm, c.source_trial), Thresholds())
+            assert again.estimate.ratio == pytest.approx(c.analysis.estimate.ratio, rel=1e-12)
+            assert {r["trial"] for r in again.records if r["arm"] == CANDIDATE} == {c.source_trial}
+
+
+def test_a_candidate_that_fails_in_a_joint_confirmation_is_out_and_the_other_is_confirmed_again_alone():
+    result, records, _ = confirming(OneSlot(fail=8))
+    by_n = {c.params["max_num_seqs"]: c for c in result.confirmations}
+    assert by_n[8].broken and by_n[8].broken[0].startswith("failed in confirmation (candidate: it would not start")
+    assert by_n[4].broken == [] and by_n[4].analysis.estimate is not None
+    four = [r for r in records if r["stage"] == "confirm" and r["comparison"] == by_n[4].analysis.records[0]["comparison"]]
+    assert Counter(r["arm"] for r in four) == {BASELINE: 4, CANDIDATE: 4} and "confirmed_together" not in four[0]
+    assert result.winner is not None and result.winner.params == {"max_num_seqs": 4}
+
+
+def test_a_joint_confirmation_cut_short_starts_afresh_on_resume_keeping_what_was_measured():
+    """Stopped after 7 of the joint schedule's 12 runs, the next run keeps those records, measures the joint
+    comparison again from scratch under a fresh id, and measures no (comparison, position) twice."""
+    study, records = new_study(), []
+    with pytest.raises(KeyboardInterrupt):
+        confirming(OneSlot(stop_after=4 + 4 + 7), records=records, study=study)  # two 2+2 searches, 7 confirm runs
+    before = list(records)
+    assert sum(r["stage"] == "confirm" for r in before) == 7
+    result, after, _ = confirming(OneSlot(), records=records, study=study)
+    assert after[: len(before)] == before
+    assert max(Counter((r["comparison"], r["position"]) for r in after).values()) == 1
+    confirm = [r for r in after if r["stage"] == "confirm"]
+    first, again = dict.fromkeys(r["comparison"] for r in confirm)
+    assert sum(r["comparison"] == again for r in confirm) == 12
+    assert {c.analysis.records[0]["comparison"] for c in result.confirmations} == {again}
+    assert len(result.confirmations) == 2 and result.winner is not None
+
+
+def test_the_sweep_command_shares_the_baseline_and_analyze_recomputes_each_candidate(tmp_path):
+    args = ["backend=fake", "+space=batching", "space.max_num_seqs.low=2", "space.max_num_seqs.high=8",
+            "study.n_trials=3", "compare.replicates=2", "study.confirm_replicates=4", "study.confirm_top=2",
+            "study.boundary=none", "study.sequential=false", "study.name=j", "plots=false", "workload.num_requests=8", "workload.output_len=16",
+            "workload.prompt_len=16"]
+    assert sweep_cmd.run(compose_cfg(*args, tmp_path=tmp_path), Console(quiet=True)) == 0
+    records = read_records(tmp_path / "j" / "replicates.jsonl")
+    confirm = [r for r in records if r["stage"] == "confirm" and not r.get("warmup")]
+    assert Counter(r["arm"] for r in confirm) == {BASELINE: 4, CANDIDATE: 8}
+    views = split_joint(confirm)
+    assert [len(view) for _, view in views] == [8, 8]
+    console = Console(record=True, width=200)
+    assert analyze_cmd.run(compose_cfg("mode=analyze", f"input={tmp_path / 'j' / 'replicates.jsonl'}", "plots=false",
+                                       tmp_path=tmp_path), console) == 0
+    printed = console.export_text()
+    for trial, view in views:
+        assert f"{view[0]['comparison']}-trial-{trial}" in printed
+        ratio = analyse(view, Thresholds()).estimate.ratio
+        assert f"ratio candidate/baseline {ratio:.3f}" in printed
+    winner = json.loads((tmp_path / "j" / "best" / "best.json").read_text())
+    assert winner["params"]["max_num_seqs"] in {r["flags"]["max_num_seqs"] for r in confirm if r["arm"] == CANDIDATE}
