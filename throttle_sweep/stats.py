@@ -115,8 +115,13 @@ def lack_of_fit(observations: Sequence[Observation]) -> list[str]:
     pos = np.array([o.position for o in observations], dtype=float)
     arm = np.array([o.arm == CANDIDATE for o in observations], dtype=float)
     pc = pos - pos.mean()
-    rank = np.argsort(np.argsort(pos))  # run order, whatever the position numbers
-    extras = {"curvature": pc**2 - (pc**2).mean(), "odd/even rhythm": (rank % 2) - (rank % 2).mean()}
+    # the rhythm of the machine is the parity of the run's position (a joint confirmation's view has gaps:
+    # its runs' ranks alternate where their positions may not); positions that are not run indices (an
+    # analyze input numbered 10, 20, ...) fall back to the rank in run order
+    parity = pos % 2
+    if not np.all(pos == np.round(pos)) or np.ptp(parity) == 0:
+        parity = np.argsort(np.argsort(pos)) % 2
+    extras = {"curvature": pc**2 - (pc**2).mean(), "odd/even rhythm": parity - parity.mean()}
     cols, kept = [np.ones(len(y)), arm, pc], []
     for name, col in extras.items():
         trial = np.column_stack([*cols, col])

@@ -273,8 +273,11 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
     warmup = int(settings.warmup_replicate)
+    joint = settings.shared_baseline and settings.confirm_top > 1 and (
+        pool.size == 1 or getattr(pool, "shares_machine", False))  # confirmed together: one baseline for all
     total = (settings.n_trials * (2 * settings.replicates + warmup)
-             + settings.confirm_top * (2 * settings.confirm_replicates + warmup))
+             + ((settings.confirm_top + 1) * settings.confirm_replicates + warmup if joint
+                else settings.confirm_top * (2 * settings.confirm_replicates + warmup)))
     progress = progress_for(console, total)
     sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
                   workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
