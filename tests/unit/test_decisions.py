@@ -22,8 +22,9 @@ from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import measure_replicate
 from throttle_sweep.schedule import make_schedule
-from throttle_sweep.search.driver import Confirmation, Sweep, SweepSettings, choose_winner
+from throttle_sweep.search.driver import Sweep, SweepSettings
 from throttle_sweep.search.report import boundary
+from throttle_sweep.search.winner import Confirmation, choose_winner
 from throttle_sweep.stats import CHEAPER, NO_DIFFERENCE, Observation, Thresholds, decide, estimate
 from throttle_sweep.workload import WorkloadSpec
 

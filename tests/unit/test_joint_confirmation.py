@@ -28,7 +28,8 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import measure_replicate
 from throttle_sweep.records import read_records
 from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_schedule, make_schedule
-from throttle_sweep.search.driver import Confirmation, Sweep, SweepSettings, cheaper_than
+from throttle_sweep.search.driver import Sweep, SweepSettings
+from throttle_sweep.search.winner import Confirmation, cheaper_than
 from throttle_sweep.stats import (
     CHEAPER,
     PRICIER,

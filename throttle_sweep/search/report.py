@@ -12,7 +12,8 @@ from optuna.trial import TrialState
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe, ordered
-from throttle_sweep.search.driver import WINNER_RULE, SweepResult, cost, feasible
+from throttle_sweep.search.driver import SweepResult, cost, feasible
+from throttle_sweep.search.winner import WINNER_RULE
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
