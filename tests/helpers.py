@@ -10,6 +10,9 @@ from omegaconf import open_dict
 
 from throttle_sweep.__main__ import CONF_DIR
 from throttle_sweep.config import register
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.measure import measure_replicate
 
 
 def compose_cfg(*overrides: str, tmp_path: Path | None = None):
@@ -21,3 +24,32 @@ def compose_cfg(*overrides: str, tmp_path: Path | None = None):
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+class FakeOneSlot:
+    """The smallest pool a Sweep runs on: one slot on the fake engine, each job measured when it is waited
+    for. `tweak(job, record)` may change a record before the driver gets it (a failure, a count);
+    `stop_after` jobs, the next wait raises KeyboardInterrupt (a Ctrl-C mid-sweep)."""
+
+    slots, size = [0], 1
+
+    def __init__(self, spec, *, knobs=None, tweak=None, stop_after=None):
+        self.engine, self.spec, self.tweak, self.stop_after = FakeEngine(knobs or FakeKnobs()), spec, tweak, stop_after
+        self.queue, self.jobs = [], []
+
+    def submit(self, job):
+        self.queue.append(job)
+
+    def wait(self):
+        job = self.queue.pop(0)
+        self.jobs.append(job)
+        if self.stop_after is not None and len(self.jobs) > self.stop_after:
+            raise KeyboardInterrupt
+        record = measure_replicate(self.engine, job.flags, self.spec, Price(), run_id="t", arm=job.arm,
+                                   position=job.position, environment={}, context={**job.context, "slot": "s0"})
+        if self.tweak is not None:
+            self.tweak(job, record)
+        return [(job, record)]
+
+    def close(self):
+        pass

@@ -13,14 +13,12 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import create_trial
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import FakeOneSlot, compose_cfg
 from throttle_sweep.analysis import Analysis
 from throttle_sweep.commands import export as export_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
-from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
 from throttle_sweep.schedule import make_schedule
 from throttle_sweep.search.driver import Sweep, SweepSettings
 from throttle_sweep.search.report import boundary
@@ -31,28 +29,11 @@ from throttle_sweep.workload import WorkloadSpec
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
 
 
-class ConfirmPreempts:
-    """One slot on the noiseless fake; in confirmation, candidate replicates report 40 preemptions (as a
-    candidate whose KV cache is borderline might on a noisier machine)."""
-
-    slots, size = [0], 1
-
-    def __init__(self):
-        self.engine, self.queue = FakeEngine(FakeKnobs()), []
-
-    def submit(self, job):
-        self.queue.append(job)
-
-    def wait(self):
-        job = self.queue.pop(0)
-        record = measure_replicate(self.engine, job.flags, SPEC, Price(), run_id="t", arm=job.arm,
-                                   position=job.position, environment={}, context={**job.context, "slot": "s0"})
-        if job.context["stage"] == "confirm" and job.arm == "candidate" and job.flags["max_num_seqs"] == 8:
-            record["preemptions"] = 40
-        return [(job, record)]
-
-    def close(self):
-        pass
+def confirm_preempts(job, record):
+    """In confirmation, candidate replicates at max_num_seqs=8 report 40 preemptions (as a candidate whose KV
+    cache is borderline might on a noisier machine)."""
+    if job.context["stage"] == "confirm" and job.arm == "candidate" and job.flags["max_num_seqs"] == 8:
+        record["preemptions"] = 40
 
 
 def test_a_candidate_that_preempts_in_confirmation_is_not_the_winner():
@@ -60,7 +41,7 @@ def test_a_candidate_that_preempts_in_confirmation_is_not_the_winner():
     for n in (8, 4):
         study.enqueue_trial({"max_num_seqs": n})
     sweep = Sweep(study=study, distributions={"max_num_seqs": IntDistribution(1, 8)}, base_flags={"max_model_len": 1024},
-                  baseline_flags={"max_model_len": 1024, "max_num_seqs": 1}, workload_key={}, pool=ConfirmPreempts(),
+                  baseline_flags={"max_model_len": 1024, "max_num_seqs": 1}, workload_key={}, pool=FakeOneSlot(SPEC, tweak=confirm_preempts),
                   write=lambda r: None, existing=[],
                   settings=SweepSettings(n_trials=2, replicates=2, confirm_top=2, confirm_replicates=2))
     result = sweep.run()

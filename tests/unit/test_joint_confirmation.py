@@ -18,14 +18,12 @@ from hypothesis import strategies as st
 from optuna.distributions import IntDistribution
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import FakeOneSlot, compose_cfg
 from throttle_sweep.analysis import Analysis, analyse, candidate_view, split_joint
 from throttle_sweep.commands import analyze as analyze_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
-from throttle_sweep.engines import FakeEngine, FakeKnobs
+from throttle_sweep.engines import FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
 from throttle_sweep.records import read_records
 from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_schedule, make_schedule
 from throttle_sweep.search.driver import Sweep, SweepSettings
@@ -167,32 +165,14 @@ def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directl
     assert direct / N_SIM >= of_ratios / N_SIM + 0.08
 
 
-class OneSlot:
-    """One slot on the fake engine (noiseless unless the knobs say), confirming one at a time; `fail` makes a
-    candidate's confirmation runs with that max_num_seqs fail at start."""
-
-    slots, size = [0], 1
-
-    def __init__(self, fail=None, stop_after=None, fail_arm=CANDIDATE):
-        self.engine, self.queue, self.fail, self.jobs = FakeEngine(FakeKnobs(noise_sd=0.01)), [], fail, []
-        self.stop_after, self.fail_arm = stop_after, fail_arm
-
-    def submit(self, job):
-        self.queue.append(job)
-
-    def wait(self):
-        job = self.queue.pop(0)
-        self.jobs.append(job)
-        if self.stop_after is not None and len(self.jobs) > self.stop_after:
-            raise KeyboardInterrupt
-        record = measure_replicate(self.engine, job.flags, SPEC, Price(), run_id="t", arm=job.arm,
-                                   position=job.position, environment={}, context={**job.context, "slot": "s0"})
-        if job.context["stage"] == "confirm" and job.arm == self.fail_arm and job.flags["max_num_seqs"] == self.fail:
+def OneSlot(fail=None, stop_after=None, fail_arm=CANDIDATE):  # noqa: N802 - reads as the pool it builds
+    """One slot on the fake engine (1% noise), confirming one at a time; `fail` makes the confirmation runs of
+    `fail_arm` with that max_num_seqs fail at start."""
+    def failing(job, record):
+        if job.context["stage"] == "confirm" and job.arm == fail_arm and job.flags["max_num_seqs"] == fail:
             record.update(status="failed", reason="it would not start", failed_at="start")
-        return [(job, record)]
 
-    def close(self):
-        pass
+    return FakeOneSlot(SPEC, knobs=FakeKnobs(noise_sd=0.01), tweak=failing, stop_after=stop_after)
 
 
 def new_study():
