@@ -25,7 +25,14 @@ from throttle_sweep.progress import Progress, progress_for
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
-from throttle_sweep.search.driver import Sweep, SweepSettings, SweepStopped, resume_key, same_yardstick
+from throttle_sweep.search.driver import (
+    Sweep,
+    SweepSettings,
+    SweepStopped,
+    confirms_together,
+    resume_key,
+    same_yardstick,
+)
 from throttle_sweep.search.report import lines, write_report
 from throttle_sweep.search.space import build_space, grid, within_in_flight
 from throttle_sweep.settings import (
@@ -273,8 +280,7 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
     warmup = int(settings.warmup_replicate)
-    joint = settings.shared_baseline and settings.confirm_top > 1 and (
-        pool.size == 1 or getattr(pool, "shares_machine", False))  # confirmed together: one baseline for all
+    joint = confirms_together(settings, pool, settings.confirm_top)  # one baseline for all confirmed
     total = (settings.n_trials * (2 * settings.replicates + warmup)
              + ((settings.confirm_top + 1) * settings.confirm_replicates + warmup if joint
                 else settings.confirm_top * (2 * settings.confirm_replicates + warmup)))

@@ -266,6 +266,13 @@ SCHEDULE_ATTRS = ("verdict", "ratio", "ci", "p_value", "se_log", "df", "preempti
                   "constraints", "constraint_names")
 
 
+def confirms_together(settings: SweepSettings, pool: Pool, candidates: int) -> bool:
+    """Confirm these candidates on one joint schedule: where they would run one after another anyway (one
+    slot, or slots that share a machine and so confirm alone), one set of baseline runs serves them all."""
+    return (settings.shared_baseline and candidates > 1
+            and (len(pool.slots) == 1 or getattr(pool, "shares_machine", False)))
+
+
 def engine_seconds(records: Sequence[Mapping[str, Any]]) -> float:
     return sum((r.get("wall_s") or 0) + (r.get("engine_start_s") or 0) + (r.get("engine_warmup_s") or 0)
                for r in records)
@@ -1088,15 +1095,9 @@ class Sweep:
             results += self._confirm_batch(batch, family, ranked=len(batch) > 1)
         return sorted(results, key=lambda c: c.source_trial)
 
-    def shares_baseline(self, todo: Sequence[optuna.trial.FrozenTrial]) -> bool:
-        """Confirm these together, on one joint schedule: where they would run one after another anyway (one
-        slot, or slots that share a machine and so confirm alone), one set of baseline runs serves them all."""
-        return (self.settings.shared_baseline and len(todo) > 1
-                and (len(self.pool.slots) == 1 or getattr(self.pool, "shares_machine", False)))
-
     def _confirm_batch(self, todo: list[optuna.trial.FrozenTrial], family: int, ranked: bool) -> list[Confirmation]:
         results: list[Confirmation] = []
-        queue: list[list[optuna.trial.FrozenTrial]] = [list(todo)] if self.shares_baseline(todo) else [[t] for t in todo]
+        queue: list[list[optuna.trial.FrozenTrial]] = [list(todo)] if confirms_together(self.settings, self.pool, len(todo)) else [[t] for t in todo]
 
         def start(slot: int) -> Comparison | None:
             if not queue:
