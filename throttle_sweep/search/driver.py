@@ -1121,7 +1121,7 @@ class Sweep:
             comp.joint = {label: t.number for label, t in labels.items()}
             return comp
 
-        def confirmed(number: int, records: list[dict[str, Any]], comp: Comparison, fault: Fault | None) -> None:
+        def confirmed(number: int, records: list[dict[str, Any]], comp: Comparison) -> None:
             analysis = analyse(records, self.settings.thresholds, token_tolerance=self.settings.token_tolerance,
                                cost=self.settings.cost_basis)
             # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates and the looks
@@ -1129,7 +1129,7 @@ class Sweep:
             quoted = analyse(records, comp.thresholds, token_tolerance=self.settings.token_tolerance,
                              cost=self.settings.cost_basis)
             broken = broken_constraints(trial_summary(analysis, self.settings), self.settings)
-            if fault is not None:  # the replicates that are left are not the comparison that was planned
+            if (fault := comp.fault()) is not None:  # the replicates that are left are not the comparison that was planned
                 broken.insert(0, f"failed in confirmation ({fault.blame}: {fault.record.get('reason')})")
             results.append(Confirmation(number, self.study.trials[number].params, analysis, adjusted=quoted,
                                         broken=broken, family=family, looks=len(comp.looks), stopped=comp.stopped,
@@ -1145,18 +1145,18 @@ class Sweep:
             fault = comp.fault()
             records = list(comp.records.values())
             if comp.joint is None:
-                confirmed(comp.source_trial, records, comp, fault)
+                confirmed(comp.source_trial, records, comp)
                 return
             if fault is not None and fault.blame == "candidate":  # it is out; the others start again without it
                 failed = fault.record.get("trial")
-                confirmed(failed, candidate_view(records, failed), comp, fault)
+                confirmed(failed, candidate_view(records, failed), comp)
                 rest = [t for t in group if t.number != failed]
                 self.say(f"confirm {comp.key}: trial {failed} failed ({fault.record.get('reason')}); the others "
                          "are confirmed again without it")
                 queue.insert(0, rest)
                 return
             for number in comp.joint.values():  # (a fault of the baseline or the slot, the attempts spent: all)
-                confirmed(number, candidate_view(records, number), comp, fault)
+                confirmed(number, candidate_view(records, number), comp)
 
         # the answer is quoted from these runs: with no other engine beside them on the machine (a neighbour's
         # load that followed their arms could move the ratio; benchmarks/local_slots.py bounds it, not to zero)
