@@ -13,6 +13,7 @@ from throttle_sweep.compare import comparison_id, measured_positions, run_schedu
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
 from throttle_sweep.progress import progress_for
+from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
 from throttle_sweep.runlock import hold
@@ -79,6 +80,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         order = with_warmup(order)
     out = run_dir(cfg)
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
+        claim_run_folder(out, plain(cfg), "compare")
         OmegaConf.save(cfg, out / "config.yaml")
         log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
         comparison, done, discarded = fresh_or_complete(log.records, arms, order,

@@ -1,32 +1,97 @@
-"""mode=export study.name=NAME: the confirmed winner of an existing study as serving configs."""
+"""mode=export study.name=NAME: the confirmed winner of an existing study as serving configs.
+
+The engine, workload and baseline are the study's own (recorded when it ran), never the command line's
+defaults: the export must describe what was measured. A command line that sets any of them otherwise is
+refused, naming the keys; an earlier export that differs from the new one is kept beside it, not lost."""
 
 from __future__ import annotations
 
+import datetime as dt
+import filecmp
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from throttle_sweep.engines import make_engine
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.provenance import conflicts, overrides_for, refuse_conflicts
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
-from throttle_sweep.settings import arm_flags, engine_from, plain
+from throttle_sweep.settings import arm_flags, user_overrides
 
 
-def export_winner(cfg: DictConfig, engine: Any, study: optuna.Study, out: Path) -> dict[str, Path]:
+def recorded_measurement(study: optuna.Study, out: Path) -> dict[str, Any]:
+    """What the study measured: backend, engine (the base flags, nulls kept), baseline, workload, cost.
+    A study written before these were kept in it has them in the config.yaml its sweep saved."""
+    attrs = study.user_attrs
+    found = {key: attrs[key] for key in ("backend", "engine", "baseline", "workload", "cost") if key in attrs}
+    if len(found) < 5 and (out / "config.yaml").is_file():
+        saved = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=True)
+        for key in ("backend", "engine", "cost"):
+            found.setdefault(key, saved.get(key))
+    missing = [k for k in ("backend", "engine", "baseline", "workload") if found.get(k) is None]
+    if missing:
+        raise ConfigError(f"study {study.study_name!r} does not say which {', '.join(missing)} it measured, so its "
+                          "winner cannot be exported faithfully; run the sweep again under a new study.name")
+    found.setdefault("cost", None)
+    return found
+
+
+def export_winner(study: optuna.Study, out: Path) -> dict[str, Path]:
     winner = study.user_attrs.get("winner")
     if winner is None:
         raise ConfigError(f"study '{study.study_name}' has no confirmed winner to export (the sweep has not "
                           "finished, or no candidate was confirmed cheaper than the baseline)")
-    flags = engine.engine_flags(arm_flags(plain(cfg.engine), winner["params"]))
-    overrides = [f"++engine.{k}={v}" for k, v in sorted(winner["params"].items())]
+    measured = recorded_measurement(study, out)
+    engine = make_engine(measured["backend"])  # only its engine_flags: what vLLM is given for these flags
+    flags = engine.engine_flags(arm_flags(arm_flags(measured["engine"]), winner["params"]))
+    cost = measured["cost"] or {}
     summary = {"ratio_vs_baseline": winner["ratio"], "ci": winner["ci"], "trial": winner["trial"],
-               "baseline": study.user_attrs.get("baseline"), "study": study.study_name,
-               "usd_per_gpu_hour_assumed": cfg.cost.usd_per_gpu_hour}
+               "baseline": measured["baseline"], "workload": measured["workload"], "study": study.study_name,
+               "usd_per_gpu_hour_assumed": cost.get("usd_per_gpu_hour"), "gpus": cost.get("gpus")}
+    remeasure = {"backend": measured["backend"], "engine": {**measured["engine"], **winner["params"]},
+                 "workload": measured["workload"], **({"cost": cost} if cost else {})}
     return export_best(out / "best", engine_flags=flags, params=winner["params"], summary=summary,
-                       hydra_overrides=overrides)
+                       hydra_overrides=overrides_for(remeasure))
+
+
+def export_keeping_the_old(study: optuna.Study, out: Path, say: Callable[[str], None]) -> dict[str, Path]:
+    """Export; an earlier export with other contents is moved aside (and said), an identical one stays."""
+    best = out / "best"
+    if not best.exists():
+        return export_winner(study, out)
+    with tempfile.TemporaryDirectory(dir=out) as scratch:
+        fresh = export_winner(study, Path(scratch))
+        if not all((best / p.name).is_file() and filecmp.cmp(p, best / p.name, shallow=False) for p in fresh.values()):
+            kept = out / f"best.superseded-{dt.datetime.now():%Y%m%d-%H%M%S}"
+            best.rename(kept)
+            say(f"the earlier export differed from this one; it was moved to {kept}")
+            shutil.move(str(Path(scratch) / "best"), best)
+    return {kind: best / path.name for kind, path in fresh.items()}
+
+
+def command_line_sections(cfg: DictConfig) -> dict[str, Any]:
+    """This command line's measured sections, in the form a study records them."""
+    from dataclasses import asdict
+
+    from throttle_sweep.settings import plain, workload_from
+
+    engine = plain(cfg.engine)
+    return {"backend": cfg.backend, "engine": engine, "baseline": arm_flags(arm_flags(engine), plain(cfg.baseline)),
+            "workload": asdict(workload_from(cfg)), "cost": plain(cfg.cost)}
+
+
+def check_command_line(cfg: DictConfig, measured: Mapping[str, Any], name: str) -> None:
+    found = conflicts(measured, command_line_sections(cfg), user_overrides())
+    refuse_conflicts(found, what=f"study {name!r} was measured with another configuration",
+                     advice="mode=export takes the engine, workload and baseline from the study: leave these "
+                            "keys off, or sweep them under a new study.name")
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -41,8 +106,9 @@ def run(cfg: DictConfig, console: Console) -> int:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise ConfigError(f"study.name={name!r}: no such study in {storage}") from None
+    check_command_line(cfg, recorded_measurement(study, out), name)
     with hold(out, what=f"study {name!r}"):  # not while a sweep of it is still writing
-        paths = export_winner(cfg, engine_from(cfg), study, out)
+        paths = export_keeping_the_old(study, out, lambda msg: console.print(msg, highlight=False))
     for kind, path in paths.items():
         console.print(f"{kind}: {path}")
     return 0

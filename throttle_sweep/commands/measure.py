@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from throttle_sweep.measure import measure_replicate, one_line, short_work_note
+from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.settings import (
@@ -34,6 +35,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     out = run_dir(cfg)
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
+        claim_run_folder(out, plain(cfg), "measure")
         OmegaConf.save(cfg, out / "config.yaml")
         log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
         console.print(f"measuring {flags} on {engine.name} ...")

@@ -17,11 +17,12 @@ from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
 from throttle_sweep.commands.compare import cost_basis_from, thresholds_from
-from throttle_sweep.commands.export import export_winner
+from throttle_sweep.commands.export import export_keeping_the_old
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
 from throttle_sweep.pool import LocalPool
 from throttle_sweep.progress import Progress, progress_for
+from throttle_sweep.provenance import claim_run_folder, has_records
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
@@ -164,8 +165,11 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
                base: dict[str, Any], baseline: dict[str, Any], spec: Any, engine: Any, price: Any,
                settings: SweepSettings) -> int:
     say = partial(console.print, highlight=False)
+    claim_run_folder(out, plain(cfg), "sweep")  # before the study: a measure or compare folder is not taken over
     study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
-    same_measurement(study, baseline=baseline, workload=asdict(spec))
+    same_measurement(study, {"backend": cfg.backend, "engine": plain(cfg.engine), "baseline": baseline,
+                             "workload": asdict(spec), "cost": plain(cfg.cost)},
+                     measured=bool(study.trials) or has_records(out))
     same_yardstick(study, settings, name)
     OmegaConf.save(cfg, out / "config.yaml")
     log = RecordLog(out / "replicates.jsonl", say=say)
@@ -218,23 +222,28 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
                                    "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],
                                    "key": resume_key(study.trials[result.winner.source_trial])})
-    paths = export_winner(cfg, engine, study, out)
+    paths = export_keeping_the_old(study, out, say)
     say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
     return 0
 
 
-def same_measurement(study: optuna.Study, *, baseline: dict[str, Any], workload: dict[str, Any]) -> None:
-    """A study's ratios are against one baseline on one workload: a resume with either changed would rank
-    ratios against different things side by side, so it is refused."""
-    for key, now in (("baseline", baseline), ("workload", workload)):
-        before = study.user_attrs.get(key)
-        if before is not None and before != now:
-            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            raise ConfigError(f"study {study.study_name!r} was measured with another {key} ({', '.join(changed)}: "
-                              f"{ {k: before.get(k) for k in changed} } then, { {k: now.get(k) for k in changed} } "
-                              "now); its ratios cannot be ranked with new ones: choose another study.name")
-    study.set_user_attr("baseline", baseline)
-    study.set_user_attr("workload", workload)
+def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: bool) -> None:
+    """A study's ratios are against one baseline on one workload and backend: a resume with any of them
+    changed would rank ratios against different things side by side, so it is refused. A study that has
+    measured nothing yet (it stopped before its first run) takes this run's. The engine's base flags and
+    the price are recorded too: the export serves, and says, what was measured."""
+    for key in ("baseline", "workload", "backend") if measured else ():
+        before, current = study.user_attrs.get(key), now[key]
+        if before is None or before == current:
+            continue
+        if not isinstance(before, dict):
+            before, current = {key: before}, {key: current}
+        changed = sorted(k for k in set(before) | set(current) if before.get(k) != current.get(k))
+        raise ConfigError(f"study {study.study_name!r} was measured with another {key} ({', '.join(changed)}: "
+                          f"{ {k: before.get(k) for k in changed} } then, { {k: current.get(k) for k in changed} } "
+                          "now); its ratios cannot be ranked with new ones: choose another study.name")
+    for key, value in now.items():
+        study.set_user_attr(key, value)
 
 
 def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],

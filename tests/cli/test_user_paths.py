@@ -1,0 +1,93 @@
+"""The README's user paths as a user runs them: the real command line, in its own process, on the fake
+engine. Each test is one way a command could give a wrong answer without saying so."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+# the demo's study on the fake engine, kept short: its folder, engine and workload are the demo's own
+DEMO = ["backend=fake", "+experiment=demo", "study.n_trials=2", "slots=1"]
+
+
+def cli(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "throttle_sweep", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ok(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def refused(done: subprocess.CompletedProcess) -> str:
+    """A refusal is the tool's own one-line error (exit 2), never a traceback."""
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    return " ".join((done.stdout + done.stderr).split())
+
+
+def files(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+def test_export_serves_what_the_study_measured_whatever_the_command_line_composes(tmp_path):
+    ok(cli(tmp_path, *DEMO))
+    best = tmp_path / "results" / "demo" / "best"
+    before = files(best)
+    served = yaml.safe_load(before["vllm_config.yaml"])
+    assert served["kv-cache-memory-bytes"] == 2097152 and served["max-model-len"] == 256  # the demo's engine
+
+    ok(cli(tmp_path, "mode=export", "study.name=demo"))  # as the README writes it: no +experiment, no backend
+    assert files(best) == before  # the same winner, the same engine: nothing rewritten
+    assert not list(best.parent.glob("best.superseded-*"))
+
+    said = refused(cli(tmp_path, "mode=export", "study.name=demo", "engine.max_model_len=1024",
+                       "workload.num_requests=64"))
+    assert "engine.max_model_len=1024 where it measured 256" in said
+    assert "workload.num_requests=64 where it measured 16" in said
+    assert files(best) == before
+
+    # overrides.yaml re-measures the study's engine and workload, with the winner's flags
+    overrides = [line for line in before["overrides.yaml"].splitlines() if not line.startswith("#")]
+    ok(cli(tmp_path, "mode=measure", "run=again", *overrides))
+    (record,) = [json.loads(line) for line in (tmp_path / "results" / "again" / "replicates.jsonl").open()]
+    study = optuna.load_study(study_name="demo", storage=f"sqlite:///{best.parent / 'study.db'}")
+    winner = study.user_attrs["winner"]["params"]
+    assert record["engine_flags"] == json.loads(before["best.json"])["engine_flags"]
+    assert {k: record["flags"][k] for k in winner} == winner
+    assert record["workload"] == study.user_attrs["workload"]
+
+
+def test_a_run_folder_holds_one_configuration(tmp_path):
+    first = ["mode=measure", "run=m1", "backend=fake", "workload.num_requests=8"]
+    ok(cli(tmp_path, *first))
+    ok(cli(tmp_path, *first))  # the same configuration again: one more replicate of it
+    said = refused(cli(tmp_path, "mode=measure", "run=m1", "backend=vllm", "workload.num_requests=8",
+                       "engine.max_num_seqs=4"))
+    assert "backend: 'fake' then, 'vllm' now" in said and "engine.max_num_seqs: null (vLLM's default) then, 4 now" in said
+    said = refused(cli(tmp_path, "mode=compare", "run=m1", "backend=fake", "workload.num_requests=8"))
+    assert "mode: 'measure' then, 'compare' now" in said
+    records = (tmp_path / "results" / "m1" / "replicates.jsonl").read_text().splitlines()
+    assert len(records) == 2 and all(json.loads(r)["flags"].get("max_num_seqs") is None for r in records)
+    assert yaml.safe_load((tmp_path / "results" / "m1" / "config.yaml").read_text())["backend"] == "fake"
+
+
+def test_a_study_that_measured_nothing_is_not_pinned_to_its_first_configuration(tmp_path):
+    space = ["backend=fake", "+space=batching", "study.name=raybad", "study.n_trials=1",
+             "space.max_num_seqs.high=4", "~space.max_num_batched_tokens", "study.confirm_top=0"]
+    said = refused(cli(tmp_path, *space, "ray.enabled=true", "ray.address=127.0.0.1:1"))
+    assert "no Ray cluster answered" in said
+    ok(cli(tmp_path, *space, "slots=1", "workload.num_requests=8"))  # another workload: nothing was measured before
+    study = optuna.load_study(study_name="raybad", storage=f"sqlite:///{tmp_path / 'results' / 'raybad' / 'study.db'}")
+    assert study.user_attrs["workload"]["num_requests"] == 8
+    said = refused(cli(tmp_path, *space, "slots=1", "workload.num_requests=12"))  # now it has measured: pinned
+    assert "was measured with another workload (num_requests" in said

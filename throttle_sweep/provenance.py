@@ -1,0 +1,157 @@
+"""What a results folder measured, and whether this command line agrees with it.
+
+A folder's answers hold only for the configuration its replicates ran with. Commands that come back to a
+folder (a resumed run, `mode=export`) take that configuration from the folder, never from defaults the
+command line happens to compose, and refuse a command line that sets something else, naming each key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from throttle_sweep.errors import ConfigError
+
+# The sections of a configuration that decide what is measured (the rest says how to run or report it).
+MEASURED = ("backend", "engine", "baseline", "candidate", "workload", "cost", "fake")
+GROUPS = {"engine": ("engine", "workload"), "workload": ("workload",), "cost": ("cost",),
+          "experiment": MEASURED}  # a config group chosen on the command line and the sections it may set
+KEY = re.compile(r"^[+~]{0,2}([A-Za-z_][\w.]*)(?:@[\w.]+)?(?==|$)")
+
+
+def set_on_command_line(overrides: Iterable[str]) -> tuple[set[str], set[str]]:
+    """(whole sections, dotted keys) that `key=value` overrides set among MEASURED: a group chosen
+    (`engine=gpu`, `+experiment=demo`) may set any key of the sections it touches."""
+    sections: set[str] = set()
+    keys: set[str] = set()
+    for override in overrides:
+        match = KEY.match(override)
+        if match is None:
+            continue
+        key = match.group(1)
+        top = key.split(".")[0]
+        if "." not in key and top in GROUPS:
+            sections.update(GROUPS[top])
+        elif top in MEASURED:
+            keys.add(key)
+    return sections, keys
+
+
+def lookup(tree: Mapping[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def conflicts(recorded: Mapping[str, Any], now: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, tuple]:
+    """{dotted key: (recorded, now)} for every key the command line sets to something other than what was
+    recorded. `recorded` and `now` hold the same sections (absent ones are not compared); a null and an
+    absent flag are the same (vLLM's default)."""
+    sections, keys = set_on_command_line(overrides)
+    wanted = {k for k in keys if k.split(".")[0] in recorded}
+    for section in sections & set(recorded):
+        wanted |= {k for k in flatten({section: recorded[section]}) | flatten({section: now.get(section)})
+                   if k.split(".")[0] == section}
+    found = {}
+    for key in sorted(wanted):
+        then, current = lookup(recorded, key), lookup(now, key)
+        if then != current:
+            found[key] = (then, current)
+    return found
+
+
+def refuse_conflicts(found: Mapping[str, tuple], *, what: str, advice: str) -> None:
+    if found:
+        listed = "; ".join(f"{k}={_show(now)} where it measured {_show(then)}" for k, (then, now) in found.items())
+        raise ConfigError(f"{what}: this command line sets {listed}. {advice}")
+
+
+def _show(value: Any) -> str:
+    return "null (vLLM's default)" if value is None else repr(value)
+
+
+def hydra_value(value: Any) -> str:
+    """A value as Hydra's override grammar reads it back, with no spaces (a shell splits on them)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    return text if re.fullmatch(r"[\w./:-]+", text) and text not in ("null", "true", "false") else repr(text)
+
+
+def overrides_for(sections: Mapping[str, Any]) -> list[str]:
+    """Overrides that compose exactly these sections again: engine flags with `++` (open dicts), the
+    schema's sections (workload, cost) as plain keys, top-level values as they are."""
+    out = []
+    for section, value in sections.items():
+        if not isinstance(value, Mapping):
+            out.append(f"{section}={hydra_value(value)}")
+            continue
+        prefix = "++" if section in ("engine", "baseline", "candidate") else ""
+        out += [f"{prefix}{section}.{k}={hydra_value(v)}" for k, v in value.items()]
+    return out
+
+
+# A run folder's configuration, as far as it decides what its records measured (per mode); the analysis'
+# thresholds, timeouts, plots and where results go may change between runs of one folder.
+RUN_KEYS = {
+    "measure": ("mode", "backend", "engine", "workload", "cost", "endpoint.url", "endpoint.model"),
+    "compare": ("mode", "backend", "engine", "baseline", "candidate", "workload", "cost", "endpoint.url",
+                "endpoint.baseline_url", "endpoint.candidate_url", "endpoint.model", "compare.schedule",
+                "compare.replicates", "compare.warmup_replicate", "compare.restart", "compare.restart_every",
+                "compare.engine_warmup", "compare.engines_per_slot", "compare.lead", "compare.seed"),
+    "sweep": ("mode", "backend"),  # a study checks the rest itself (commands/sweep.same_measurement)
+}
+
+
+def run_configuration(config: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    flat = {}
+    for key in RUN_KEYS[mode]:
+        value = lookup(config, key)
+        flat.update(flatten({key: value}) if isinstance(value, Mapping) else {key: value})
+    return {k: v for k, v in flat.items() if v is not None}  # a null flag is vLLM's default, as if absent
+
+
+def claim_run_folder(out: Path, config: Mapping[str, Any], mode: str) -> None:
+    """One folder, one configuration: a folder whose records were measured with another one is refused,
+    naming what differs. A folder with no records yet takes this run's configuration."""
+    from omegaconf import OmegaConf
+
+    saved = out / "config.yaml"
+    if not saved.is_file() or not has_records(out):
+        return
+    before = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+    then, now = run_configuration(before, mode), run_configuration(config, mode)  # "mode" is among them
+    changed = {k: (then.get(k), now.get(k)) for k in sorted(set(then) | set(now)) if then.get(k) != now.get(k)}
+    if changed:
+        listed = "; ".join(f"{k}: {_show(a)} then, {_show(b)} now" for k, (a, b) in changed.items())
+        raise ConfigError(f"{out} holds records of another configuration ({listed}); one folder holds one "
+                          f"configuration, so its records are not mixed: choose another run=NAME (or study.name)")
+
+
+def has_records(out: Path) -> bool:
+    """Whether anything was measured in this folder (a replicate record, a probe's included)."""
+    records = out / "replicates.jsonl"
+    return records.is_file() and records.stat().st_size > 0
