@@ -9,7 +9,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
+from throttle_sweep.cli_errors import compose_or_explain
 from throttle_sweep.config import register
 from throttle_sweep.errors import ThrottleSweepError
 
@@ -28,15 +30,29 @@ def dispatch(cfg: DictConfig, console: Console) -> int:
     return command.run(cfg, console)
 
 
+def fail(exc: ThrottleSweepError) -> None:
+    """The tool's own one-line error (exit 2); a message's brackets are text, not markup."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    sys.exit(2)
+
+
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     console = Console(soft_wrap=True)
     try:
         code = dispatch(cfg, console)
     except ThrottleSweepError as exc:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(2)
+        fail(exc)
     sys.exit(code)
+
+
+def main() -> None:
+    """The command line is composed and checked first, so a config that does not compose gets our error."""
+    try:
+        compose_or_explain(sys.argv[1:], CONF_DIR)
+    except ThrottleSweepError as exc:
+        fail(exc)
+    run()
 
 
 register()

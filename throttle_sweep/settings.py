@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,15 @@ def price_from(cfg: DictConfig) -> Price:
 
 def workload_from(cfg: DictConfig) -> WorkloadSpec:
     """The workload; ShareGPT text is counted with the named model's tokenizer unless another is named."""
-    spec = WorkloadSpec(**plain(cfg.workload))
+    given = plain(cfg.workload)
+    unknown = sorted(set(given) - {f.name for f in fields(WorkloadSpec)})
+    if unknown:  # `+workload.KEY=...` adds a key the schema does not know
+        import difflib
+
+        near = {k: difflib.get_close_matches(k, [f.name for f in fields(WorkloadSpec)], n=1) for k in unknown}
+        raise ConfigError("unknown workload key(s) " + ", ".join(
+            f"'workload.{k}'" + (f" (nearest valid: workload.{m[0]})" if m else "") for k, m in near.items()))
+    spec = WorkloadSpec(**given)
     model = (plain(cfg.engine) or {}).get("model")
     if spec.sharegpt is not None and spec.tokenizer is None and model is not None:
         spec = replace(spec, tokenizer=model)

@@ -249,6 +249,7 @@ def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: b
 def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],
                settings: SweepSettings) -> optuna.Study:
     """Create the study, or load it to resume; refused if its objectives differ from this run's."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep says what it opened, in its own words
     directions = ["minimize", "minimize"] if settings.multi_objective else ["minimize"]
     try:
         study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True,

@@ -19,6 +19,16 @@ ALLOWED_KEYS = {"int": {"type", "low", "high", "step", "log"}, "float": {"type",
                 "categorical": {"type", "choices"}}
 
 
+def _nearest(keys: list[str]) -> str:
+    """', did you mean ...' for keys close to a known one (a misspelt 'tpye')."""
+    import difflib
+
+    known = sorted(set().union(*ALLOWED_KEYS.values()))
+    near = {k: difflib.get_close_matches(str(k), known, n=1, cutoff=0.6) for k in keys}
+    said = [f"{k!r} -> {m[0]!r}" for k, m in near.items() if m]
+    return f", did you mean {', '.join(said)}" if said else ""
+
+
 def _number(value: Any, kind: str) -> bool:
     if isinstance(value, bool):
         return False
@@ -36,12 +46,16 @@ def build_space(space: Mapping[str, Any], flag_schema: Mapping[str, Any], *, sou
         if not isinstance(entry, Mapping):
             raise ConfigError(f"{where} must be a mapping with a 'type', but got {entry!r}")
         kind = entry.get("type")
+        if kind is None:
+            stray = sorted(set(entry) - set().union(*ALLOWED_KEYS.values()))
+            raise ConfigError(f"{where} has no 'type' (one of {', '.join(KINDS)})"
+                              + (f"; unknown key(s) {stray}" + _nearest(stray) if stray else ""))
         if kind not in KINDS:
             raise ConfigError(f"{where}.type must be one of {', '.join(KINDS)}, but got {kind!r}")
         extra = set(entry) - ALLOWED_KEYS[kind]
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {sorted(extra)} for type {kind} "
-                              f"(allowed: {sorted(ALLOWED_KEYS[kind])})")
+                              f"(allowed: {sorted(ALLOWED_KEYS[kind])}){_nearest(sorted(extra))}")
         if kind == "categorical":
             choices = entry.get("choices")
             if not isinstance(choices, list | tuple) or not choices:
