@@ -55,6 +55,12 @@ def settle(records: Mapping[int, Mapping[str, Any]], length: int) -> str:
     return "complete" if len(records) == length else "redo"
 
 
+def retry_key(key: str) -> str:
+    """A fresh key for a comparison restarted from scratch on another slot: 'trial-4' -> 'trial-4~1'."""
+    base, _, n = key.partition("~")
+    return f"{base}~{int(n or 0) + 1}"
+
+
 MeasureFn = Callable[[Mapping[str, Any], str, int], dict[str, Any]]  # (flags, arm, position) -> record
 ProgressFn = Callable[[int, str], None]  # (position about to run, arm)
 

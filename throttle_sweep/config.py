@@ -126,6 +126,7 @@ class Config:
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
     input: str | None = None  # analyze: records (.jsonl) or a minimal CSV/JSONL
+    comparison: str | None = None  # analyze: the one comparison to recompute (its id or key); null: every one
     engine: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)
     candidate: dict[str, Any] = field(default_factory=dict)

@@ -52,10 +52,10 @@ class Progress:
 class LiveProgress(Progress):
     """The terminal's live display; messages scroll above it."""
 
-    def __init__(self, console: Console, total: int, *, what: str = "replicate") -> None:
+    def __init__(self, console: Console, total: int, *, what: str = "replicate", best: bool = True) -> None:
         super().__init__(console, total, what=what)
         self.slots: dict[str, str] = {}
-        self.best = "none yet"
+        self.best = "none yet" if best else None  # a sweep's notion; a comparison has no best point
         self.eta = "?"
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
         self.live.start()
@@ -67,7 +67,7 @@ class LiveProgress(Progress):
         self.live.update(self._render())
 
     def note(self, message: str) -> None:
-        if "best so far: " in message:
+        if "best so far: " in message and self.best is not None:
             self.best = message.rsplit("best so far: ", 1)[1]
         self.console.print(message, highlight=False)
         self.live.update(self._render())
@@ -77,8 +77,9 @@ class LiveProgress(Progress):
         head = Table.grid(padding=(0, 1))
         head.add_row(ProgressBar(total=max(self.total, 1), completed=min(self.count, self.total), width=40),
                      Text(f"{self.what} {self.count}/{self.total}  elapsed {elapsed:.0f}s  ETA {self.eta}"))
-        lines = [head, *(Text(f"  slot {slot}: {doing}", style="dim") for slot, doing in sorted(self.slots.items())),
-                 Text(f"  best feasible so far: {self.best}", style="bold")]
+        lines = [head, *(Text(f"  slot {slot}: {doing}", style="dim") for slot, doing in sorted(self.slots.items()))]
+        if self.best is not None:
+            lines.append(Text(f"  best feasible so far: {self.best}", style="bold"))
         return Group(*lines)
 
     def stop(self) -> None:
@@ -87,6 +88,8 @@ class LiveProgress(Progress):
             self.live.stop()
 
 
-def progress_for(console: Console, total: int, *, what: str = "replicate") -> Progress:
-    """The live display on a terminal, plain lines anywhere else."""
-    return (LiveProgress if console.is_terminal else Progress)(console, total, what=what)
+def progress_for(console: Console, total: int, *, what: str = "replicate", best: bool = True) -> Progress:
+    """The live display on a terminal (with the best point so far, for a sweep), plain lines anywhere else."""
+    if console.is_terminal:
+        return LiveProgress(console, total, what=what, best=best)
+    return Progress(console, total, what=what)

@@ -165,6 +165,7 @@ def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int, tuple[
     if not pairs:
         raise ConfigError(f"{path}: no usable conversations (each needs a human turn then a gpt turn, with "
                           f"{SHAREGPT_MIN}..{SHAREGPT_MAX_PROMPT} prompt tokens and at most {SHAREGPT_MAX_TOTAL} in all)")
+    enough(pairs, spec, key="sharegpt", what="usable conversations")
     random.Random(spec.seed).shuffle(pairs)
     return pairs[: spec.num_requests]
 
@@ -207,7 +208,16 @@ def _read_jsonl(path: Path, spec: WorkloadSpec) -> list[tuple]:
         rows.append((tuple(ids) if ids is not None else None, text, output_len))
     if not rows:
         raise ConfigError(f"{path}: no requests in the file")
+    enough(rows, spec, key="jsonl", what="requests")
     return rows[: spec.num_requests]
+
+
+def enough(rows: list, spec: WorkloadSpec, *, key: str, what: str) -> None:
+    """A file with fewer requests than workload.num_requests would run short while every record says
+    num_requests: refused, with the count it has."""
+    if len(rows) < spec.num_requests:
+        raise ConfigError(f"workload.{key} {getattr(spec, key)!r} has {len(rows)} {what}, but workload.num_requests="
+                          f"{spec.num_requests}; set workload.num_requests={len(rows)} (or less), or give a larger file")
 
 
 @dataclass

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -127,3 +129,68 @@ def test_help_describes_the_modes_and_examples_not_a_config_dump(tmp_path):
         assert f"mode={mode}" in text
     assert "+space=batching" in text and "space: batching" in text
     assert "num_requests: 64" not in text and len(text.splitlines()) < 60
+
+
+def test_a_dataset_shorter_than_num_requests_is_refused_not_run_short(tmp_path):
+    talk = {"conversations": [{"from": "human", "value": "h" * 400}, {"from": "gpt", "value": "g" * 400}]}
+    (tmp_path / "share.json").write_text(json.dumps([talk] * 3))
+    said = refused(cli(tmp_path, "backend=fake", "workload.sharegpt=share.json", "workload.num_requests=10"))
+    assert "has 3 usable conversations, but workload.num_requests=10" in said
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("replicates.jsonl"))
+
+
+def test_analyze_outputs_of_two_files_in_one_folder_do_not_overwrite_each_other(tmp_path):
+    for name, saving in (("a", 0.5), ("b", 0.9)):
+        rows = ["arm,order,usd_per_mtok"] + [f"{arm},{i},{(saving if arm == 'candidate' else 1.0) * (1 + 0.01 * i)}"
+                                             for i, arm in enumerate("BCCBCBBC".replace("B", "baseline ").replace(
+                                                 "C", "candidate ").split())]
+        (tmp_path / f"{name}.csv").write_text("\n".join(rows) + "\n")
+        ok(cli(tmp_path, "mode=analyze", f"input={name}.csv"))
+    ratios = {name: json.loads((tmp_path / "analysis" / name / "summary.json").read_text())["ratio"]
+              for name in ("a", "b")}
+    assert abs(ratios["a"] - 0.5) < 0.01 and abs(ratios["b"] - 0.9) < 0.01
+
+
+def test_analyze_lists_a_sweeps_probes_and_comparisons_and_recomputes_the_one_named(tmp_path):
+    ok(cli(tmp_path, *DEMO, "plots=false"))
+    records = tmp_path / "results" / "demo" / "replicates.jsonl"
+    stages = {json.loads(line)["stage"] for line in records.open()}
+    assert {"probe", "confirm"} <= stages
+    shown = ok(cli(tmp_path, "mode=analyze", f"input={records}", "plots=false"))
+    assert "probe max_num_seqs=" in shown and "not a comparison" in shown
+    assert "comparison " in shown and "verdict: CHEAPER" in shown and "error" not in shown
+    confirm = next(json.loads(line) for line in records.open() if json.loads(line)["stage"] == "confirm")
+    shown = ok(cli(tmp_path, "mode=analyze", f"input={records}", f"comparison={confirm['key']}", "plots=false"))
+    assert shown.count("verdict: ") == 1 and f"comparison {confirm['comparison']}" in shown
+    said = refused(cli(tmp_path, "mode=analyze", f"input={records}", "comparison=trial-99"))
+    assert "holds no such comparison" in said and confirm["key"] in said
+
+
+def test_analyze_of_a_measure_file_lists_its_runs_without_a_traceback(tmp_path):
+    ok(cli(tmp_path, "mode=measure", "run=m", "backend=fake", "workload.num_requests=8"))
+    ok(cli(tmp_path, "mode=measure", "run=m", "backend=fake", "workload.num_requests=8"))
+    done = cli(tmp_path, "mode=analyze", "input=results/m/replicates.jsonl")
+    shown = ok(done)
+    assert "Traceback" not in done.stderr and "2 single run(s) of mode=measure" in shown and "verdict" not in shown
+    assert not (tmp_path / "results" / "m" / "analysis").exists()
+
+
+def test_ctrl_c_in_compare_is_one_line_and_analyze_marks_the_abandoned_part_partial(tmp_path):
+    args = ["mode=compare", "run=c", "backend=fake", "workload.num_requests=8", "plots=false"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "throttle_sweep", *args, "fake.realtime=true", "fake.start_s=0.3"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = tmp_path / "results" / "c" / "replicates.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err + out
+    assert "interrupted" in out and "Run the same command again" in out
+    shown = ok(cli(tmp_path, "mode=analyze", f"input={records}"))
+    assert "abandoned" in shown and "verdict" not in shown
+    ok(cli(tmp_path, *args))  # resumed: measured whole, afresh
+    shown = ok(cli(tmp_path, "mode=analyze", f"input={records}"))
+    assert shown.count("verdict: ") == 1 and "abandoned" in shown

@@ -67,7 +67,7 @@ def test_jsonl_prompts(tmp_path):
     path = tmp_path / "w.jsonl"
     path.write_text(json.dumps({"prompt_token_ids": [5, 6, 7], "output_len": 9}) + "\n"
                     + json.dumps({"prompt": "hello"}) + "\n")
-    reqs = make_requests(WorkloadSpec(jsonl=str(path), output_len=3))
+    reqs = make_requests(WorkloadSpec(num_requests=2, jsonl=str(path), output_len=3))
     assert [(r.prompt_token_ids, r.prompt_text, r.output_len) for r in reqs] == [((5, 6, 7), None, 9),
                                                                                   (None, "hello", 3)]
 
@@ -120,7 +120,7 @@ def test_sharegpt_lengths_follow_the_conversations_filtered_as_vllm_does(tmp_pat
                convo(3600, 4800),  # 900 + 1200 tokens (> 2048 in all)
                convo(400, 800, first="gpt"),  # not a human turn first
                {"id": "y", "conversations": [{"from": "human", "value": "only one turn"}]}]
-    spec = WorkloadSpec(num_requests=10, sharegpt=sharegpt_file(tmp_path, kept + dropped))
+    spec = WorkloadSpec(num_requests=3, sharegpt=sharegpt_file(tmp_path, kept + dropped))
     spec.check(max_model_len=2048)
     requests = make_requests(spec)
     assert sorted((r.prompt_len, r.output_len) for r in requests) == [(10, 500), (25, 15), (100, 200)]
@@ -162,7 +162,7 @@ def test_with_a_tokenizer_sharegpt_text_is_counted_and_sent_as_its_own_tokens(tm
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
     prompt, reply = "the cat sat on the mat", "a dog ran far far away"  # 6 and 6 words
-    spec = WorkloadSpec(num_requests=4, tokenizer=str(tmp_path / "tok"),
+    spec = WorkloadSpec(num_requests=1, tokenizer=str(tmp_path / "tok"),
                         sharegpt=sharegpt_file(tmp_path, [{"conversations": [{"from": "human", "value": prompt},
                                                                              {"from": "gpt", "value": reply}]}]))
     (request,) = make_requests(spec)

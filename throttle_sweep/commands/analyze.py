@@ -1,4 +1,8 @@
-"""mode=analyze input=PATH: recompute a comparison from raw records, with no engine."""
+"""mode=analyze input=PATH [comparison=NAME]: recompute comparisons from raw records, with no engine.
+
+Any file the tool writes can be given: a sweep's records hold probes, search trials and confirmations, a
+compare run's one comparison (and any part an interrupted run abandoned), a measure run's single runs. The
+file's contents are listed first; every whole comparison is recomputed, or only the one named."""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input, split_joint
+from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input
 from throttle_sweep.commands.compare import thresholds_from
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.inventory import COMPARISON, MEASURE, Entry, inventory
 from throttle_sweep.report import lines, write
 
 
@@ -21,25 +26,57 @@ def run(cfg: DictConfig, console: Console) -> int:
     if cfg.compare.cost not in COST_BASES:
         raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {cfg.compare.cost!r}")
     path = Path(cfg.input)
-    records = load_input(path)
-    by_comparison: dict[str | None, list[dict]] = {}
-    for record in records:
-        by_comparison.setdefault(record.get("comparison"), []).append(record)
-    groups: dict[str | None, list[dict]] = {}  # a joint confirmation: one comparison per candidate
-    for comparison, group in by_comparison.items():
-        for trial, view in split_joint(group):
-            groups[comparison if trial is None else f"{comparison}-trial-{trial}"] = view
+    entries = inventory(load_input(path), stem=path.stem)
+    say = lambda text: console.print(text, highlight=False)  # noqa: E731
+    if len(entries) > 1 or entries[0].kind != COMPARISON or entries[0].partial:
+        for line in listing(entries, path):
+            say(line)
+    chosen = choose(entries, cfg.comparison, path)
     out_root = Path(cfg.results_dir) / cfg.run if cfg.run else path.parent
-    for i, (comparison, group) in enumerate(groups.items()):
-        check_positions(group, str(path))
-        first = group[0]
-        price = (Price(first["usd_per_gpu_hour"], first["gpus"]) if "usd_per_gpu_hour" in first else None)
-        analysis = analyse(group, thresholds, token_tolerance=cfg.compare.token_tolerance, strict=True,
+    for entry in chosen:
+        first = entry.records[0]
+        price = Price(first["usd_per_gpu_hour"], first["gpus"]) if "usd_per_gpu_hour" in first else None
+        theirs = "schema_version" not in first  # a user's CSV: bad data is an error, not a withheld verdict
+        if theirs:
+            check_positions(entry.records, str(path))
+        analysis = analyse(entry.records, thresholds, token_tolerance=cfg.compare.token_tolerance, strict=theirs,
                            cost=cfg.compare.cost)
-        if len(groups) > 1:
-            console.print(f"[bold]comparison {comparison}[/]")
+        if entry.partial:
+            analysis.verdict = f"PARTIAL, not a verdict ({analysis.verdict} on the part measured)"
+            analysis.notes.insert(0, f"this comparison is partial: {entry.partial}")
+        if len(entries) > 1:
+            say(f"[bold]comparison {entry.name}[/]" + (f" ({entry.stage} {entry.key})" if entry.key else ""))
         for line in lines(analysis, thresholds, price):
-            console.print(line, highlight=False)
-        out = out_root / "analysis" / (comparison or f"input-{i}")
-        console.print(f"summary: {write(out, analysis, thresholds, price, plot=cfg.plots)['md']}")
+            say(line)
+        say(f"summary: {write(out_root / 'analysis' / entry.name, analysis, thresholds, price, plot=cfg.plots)['md']}")
     return 0
+
+
+def listing(entries: list[Entry], path: Path) -> list[str]:
+    """What the file holds, one line each; single runs (probes, measurements) are not comparisons."""
+    out = [f"{path} holds:"]
+    for e in entries:
+        if e.kind == COMPARISON:
+            state = e.partial or ("whole" if e.stage is not None else f"{e.runs} runs")
+            out.append(f"  comparison {e.name}  {e.stage or 'costs'} {e.key or ''}  {e.runs} runs: {state}")
+        elif e.kind == MEASURE:
+            costs = ", ".join(f"${r['usd_per_mtok']:.4g}" if r.get("usd_per_mtok") else str(r.get("status"))
+                              for r in e.records)
+            out.append(f"  {e.runs} single run(s) of mode=measure ($ per million output tokens: {costs}); "
+                       "not a comparison: mode=compare measures one")
+        else:
+            count = sum(r.get("preemptions") or 0 for r in e.records)
+            out.append(f"  probe {e.key}: one run, {count} preemptions (finds the preemption boundary; not a comparison)")
+    return out
+
+
+def choose(entries: list[Entry], wanted: str | None, path: Path) -> list[Entry]:
+    """The comparison named (by id, id prefix or the sweep's key), or every whole comparison."""
+    comparisons = [e for e in entries if e.kind == COMPARISON]
+    if wanted is None:
+        return [e for e in comparisons if not e.partial]
+    found = [e for e in comparisons if e.matches(str(wanted))]
+    if not found:
+        names = ", ".join(e.name + (f" ({e.key})" if e.key else "") for e in comparisons) or "none"
+        raise ConfigError(f"comparison={wanted!r}: {path} holds no such comparison; it holds: {names}")
+    return found

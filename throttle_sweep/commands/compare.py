@@ -32,6 +32,7 @@ from throttle_sweep.settings import (
     warm_engines_from,
     workload_from,
 )
+from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 from throttle_sweep.stats import Thresholds
 
@@ -95,13 +96,25 @@ def run(cfg: DictConfig, console: Console) -> int:
         elif done:
             console.print(f"already measured: all {len(done)} replicates")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)  # the environment is read in the engine process
-        measure = partial(_measure, slot, context={"comparison": comparison, "schedule": cfg.compare.schedule},
+        measure = partial(_measure, slot, context={"comparison": comparison, "schedule": cfg.compare.schedule,
+                                                   "runs_planned": len(order)},
                           warmup=cfg.compare.warmup_replicate)
-        progress = progress_for(console, len(order) - len(done))
+        progress = progress_for(console, len(order) - len(done), best=False)
+        before = len(log.records)
         try:
-            records = run_schedule(
-                measure, arms, order, write=log.append, done=done,
-                progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
+            with stop_on_sigterm():
+                records = run_schedule(
+                    measure, arms, order, write=write_whole(log), done=done,
+                    progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
+        except KeyboardInterrupt:
+            with shielded():
+                progress.stop()
+                slot.close()
+            console.print(f"[bold yellow]interrupted[/]: {len(log.records) - before} replicates measured in this "
+                          f"run, every one in {log.path}. Run the same command again to measure the comparison: "
+                          "it starts afresh (one engine process measures it whole); what was measured stays in "
+                          "the records, marked partial by mode=analyze", highlight=False)
+            return 130
         finally:
             progress.stop()
             slot.close()
@@ -128,6 +141,15 @@ def fresh_or_complete(records: list[dict], arms: dict, order: list[str], extra: 
             return comparison, done, discarded
         discarded += len(done)
         attempt += 1
+
+
+def write_whole(log: RecordLog):
+    """Append a record with Ctrl-C and SIGTERM held until it is written (never half a line, never lost)."""
+    def write(record: dict) -> None:
+        with deferred():
+            log.append(record)
+
+    return write
 
 
 def _measure(slot, flags, arm, position, *, context, warmup):

@@ -24,7 +24,15 @@ import optuna
 from optuna.trial import TrialState
 
 from throttle_sweep.analysis import Analysis, analyse, candidate_view, judged_cost
-from throttle_sweep.compare import MAX_ATTEMPTS, Fault, comparison_id, fault_of, measured_positions, settle
+from throttle_sweep.compare import (
+    MAX_ATTEMPTS,
+    Fault,
+    comparison_id,
+    fault_of,
+    measured_positions,
+    retry_key,
+    settle,
+)
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ConfigError, ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
@@ -225,12 +233,6 @@ def where(record: Mapping[str, Any]) -> str:
     if placement.get("gpu_ids"):
         text += "/gpu" + ",".join(placement["gpu_ids"])
     return text
-
-
-def retry_key(key: str) -> str:
-    """A fresh key for a comparison restarted from scratch on another slot: 'trial-4' -> 'trial-4~1'."""
-    base, _, n = key.partition("~")
-    return f"{base}~{int(n or 0) + 1}"
 
 
 def cost(trial: optuna.trial.FrozenTrial) -> float:

@@ -1,0 +1,68 @@
+"""What a records file holds, before anything is analysed: its comparisons (a sweep's search trials and
+confirmations, one candidate's view of a joint confirmation, a mode=compare run, a CSV of costs), its
+probes (single runs that find the preemption boundary) and single measurements (mode=measure), and which
+comparisons were abandoned part-way (an interrupted run starts a comparison afresh; the part it left is
+kept in the records, but it is not the comparison and its verdict would be no one's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from throttle_sweep.analysis import split_joint
+from throttle_sweep.compare import retry_key, settle
+
+COMPARISON, PROBE, MEASURE = "comparison", "probe", "measure"
+
+
+@dataclass
+class Entry:
+    name: str  # the comparison id (one candidate's view of a joint one: ID-trial-N); a CSV's: its file's stem
+    kind: str  # comparison | probe | measure
+    stage: str | None  # search | confirm | probe (a sweep's), compare, measure; None for a CSV of costs
+    key: str | None  # the sweep's name for it (trial-3, confirm-trial-0, probe max_num_seqs=8 #1)
+    records: list[dict[str, Any]]
+    partial: str | None = None  # why it is not a whole comparison
+
+    @property
+    def runs(self) -> int:
+        return sum(not r.get("warmup") for r in self.records)
+
+    def matches(self, wanted: str) -> bool:
+        return wanted in (self.name, self.key) or (len(wanted) >= 6 and self.name.startswith(wanted))
+
+
+def inventory(records: Sequence[Mapping[str, Any]], *, stem: str) -> list[Entry]:
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(record.get("comparison"), []).append(dict(record))
+    keys = {group[0].get("key") for group in groups.values()}
+    entries = []
+    for cid, group in groups.items():
+        first = group[0]
+        if all(r["arm"] == MEASURE for r in group):
+            entries.append(Entry(cid or MEASURE, MEASURE, MEASURE, None, group))
+        elif first.get("stage") == PROBE:
+            entries.append(Entry(cid, PROBE, PROBE, first.get("key"), group))
+        else:
+            stage = first.get("stage") or ("compare" if "schema_version" in first else None)
+            why = abandoned(group, keys)
+            for trial, view in split_joint(group):
+                name = (cid or stem) if trial is None else f"{cid}-trial-{trial}"
+                entries.append(Entry(name, COMPARISON, stage, first.get("key"), view, why))
+    return entries
+
+
+def abandoned(group: Sequence[Mapping[str, Any]], keys: set[str | None]) -> str | None:
+    """Why these records are the part of a comparison that a later run started again, or None."""
+    key = group[0].get("key")
+    if key is not None:  # a sweep's: one measured again from scratch runs under the next key (driver.retry_key)
+        again = retry_key(key)
+        if again in keys:
+            return f"abandoned: {len(group)} runs, then measured again from scratch as {again}"
+    planned = group[0].get("runs_planned")  # mode=compare's
+    if planned is not None and settle({r["position"]: r for r in group}, planned) == "redo":
+        return (f"abandoned: {len(group)} of {planned} runs measured when its run stopped (an interrupted "
+                "compare starts afresh)")
+    return None
