@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine, FakeKnobs, make_engine
 from throttle_sweep.engines.flags import check_flags
+from throttle_sweep.engines.model_source import check_model_reachable
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.models import TINY_QWEN2, model_config
 from throttle_sweep.workload import WorkloadSpec
@@ -148,6 +149,8 @@ def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, s
         path = Path(str(model)).expanduser()
         if not path.is_dir():
             raise ConfigError(f"{source}.model: no such model folder {str(model)!r}")
+    elif model is not None and engine.name in ("vllm", "server"):  # engines that load the model themselves
+        check_model_reachable(str(model), source=source)
     config = model_config(str(Path(str(model)).expanduser()) if model else str(TINY_QWEN2)) or {}
     max_len = flags.get("max_model_len") or config.get("max_position_embeddings")
     spec.check(max_model_len=max_len)

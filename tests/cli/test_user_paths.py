@@ -194,3 +194,14 @@ def test_ctrl_c_in_compare_is_one_line_and_analyze_marks_the_abandoned_part_part
     ok(cli(tmp_path, *args))  # resumed: measured whole, afresh
     shown = ok(cli(tmp_path, "mode=analyze", f"input={records}"))
     assert shown.count("verdict: ") == 1 and "abandoned" in shown
+
+
+def test_a_hub_model_that_cannot_be_reached_is_refused_before_any_engine_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")  # a hub that refuses at once (loopback only)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    began = time.monotonic()
+    said = refused(cli(tmp_path, "engine.model=Qwen/Qwen2.5-0.5B-Instruct", "workload.num_requests=4"))
+    assert "engine.model='Qwen/Qwen2.5-0.5B-Instruct' is not in this machine's Hugging Face cache" in said
+    assert "the hub cannot be reached" in said and "measuring" not in said
+    assert time.monotonic() - began < 25  # vLLM itself retried for about 30 s once its engine had started
