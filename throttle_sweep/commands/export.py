@@ -43,7 +43,8 @@ def recorded_measurement(study: optuna.Study, out: Path) -> dict[str, Any]:
     return found
 
 
-def export_winner(study: optuna.Study, out: Path) -> dict[str, Path]:
+def export_winner(study: optuna.Study, out: Path, *, into: Path | None = None) -> dict[str, Path]:
+    """The study in `out` exports its winner to `into`/best (by default `out`/best)."""
     winner = study.user_attrs.get("winner")
     if winner is None:
         raise ConfigError(f"study '{study.study_name}' has no confirmed winner to export (the sweep has not "
@@ -57,7 +58,7 @@ def export_winner(study: optuna.Study, out: Path) -> dict[str, Path]:
                "usd_per_gpu_hour_assumed": cost.get("usd_per_gpu_hour"), "gpus": cost.get("gpus")}
     remeasure = {"backend": measured["backend"], "engine": {**measured["engine"], **winner["params"]},
                  "workload": measured["workload"], **({"cost": cost} if cost else {})}
-    return export_best(out / "best", engine_flags=flags, params=winner["params"], summary=summary,
+    return export_best((into or out) / "best", engine_flags=flags, params=winner["params"], summary=summary,
                        hydra_overrides=overrides_for(remeasure))
 
 
@@ -67,7 +68,7 @@ def export_keeping_the_old(study: optuna.Study, out: Path, say: Callable[[str], 
     if not best.exists():
         return export_winner(study, out)
     with tempfile.TemporaryDirectory(dir=out) as scratch:
-        fresh = export_winner(study, Path(scratch))
+        fresh = export_winner(study, out, into=Path(scratch))
         if not all((best / p.name).is_file() and filecmp.cmp(p, best / p.name, shallow=False) for p in fresh.values()):
             kept = out / f"best.superseded-{dt.datetime.now():%Y%m%d-%H%M%S}"
             best.rename(kept)

@@ -1,0 +1,30 @@
+"""mode=export on a study made before the study recorded its engine: the sweep's own config.yaml says it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import yaml
+
+from throttle_sweep.commands.export import export_keeping_the_old
+
+
+def test_an_older_study_exports_the_engine_its_config_yaml_recorded_and_keeps_a_differing_export(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "mode": "sweep", "backend": "fake", "cost": {"usd_per_gpu_hour": 2.0, "gpus": 1},
+        "engine": {"kv_cache_memory_bytes": 2097152, "max_model_len": 256, "max_num_seqs": None}}))
+    study = SimpleNamespace(study_name="old", user_attrs={
+        "baseline": {"kv_cache_memory_bytes": 2097152, "max_model_len": 256, "max_num_seqs": 1},
+        "workload": {"num_requests": 16},
+        "winner": {"params": {"max_num_seqs": 7}, "ratio": 0.2, "ci": [0.1, 0.3], "trial": 3}})
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "vllm_config.yaml").write_text("max-model-len: 1024\n")  # what the old export wrote
+    said = []
+    paths = export_keeping_the_old(study, tmp_path, said.append)
+    served = yaml.safe_load(paths["yaml"].read_text())
+    assert served == {"kv-cache-memory-bytes": 2097152, "max-model-len": 256, "max-num-seqs": 7}
+    (kept,) = tmp_path.glob("best.superseded-*")
+    assert (kept / "vllm_config.yaml").read_text() == "max-model-len: 1024\n" and "moved to" in said[0]
+    assert "++engine.max_num_seqs=7" in paths["hydra"].read_text() and "backend=fake" in paths["hydra"].read_text()
+    export_keeping_the_old(study, tmp_path, said.append)  # the same export again: nothing moved
+    assert len(list(tmp_path.glob("best.superseded-*"))) == 1 and len(said) == 1

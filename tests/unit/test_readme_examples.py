@@ -1,0 +1,59 @@
+"""The README's examples, read as a user runs them, in order, in one folder: no two of them measure into
+the same results folder with different configurations (the second would be refused, or would mix runs)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+SETTING = ("mode", "backend", "engine.", "baseline.", "candidate.", "workload.", "+experiment", "+space", "~space",
+           "space.", "cost.")
+
+
+def examples() -> list[list[str]]:
+    """Every `$ python -m throttle_sweep ...` line of the README, with its continuation lines."""
+    lines, out, current = README.read_text().splitlines(), [], None
+    for line in lines:
+        text = line.strip()
+        if current is not None:
+            current += " " + text.rstrip("\\")
+            if not text.endswith("\\"):
+                out.append(current)
+                current = None
+            continue
+        match = re.search(r"\$ (?:\S+=\S+ )*python -m throttle_sweep (.*)$", text)
+        if match:
+            current = match.group(1).rstrip("\\")
+            if not text.endswith("\\"):
+                out.append(current)
+                current = None
+    return [shlex.split(re.sub(r"\s+#.*$", "", cmd)) for cmd in out]
+
+
+def folder(args: list[str]) -> str:
+    keys = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith(("+space", "+experiment")))
+    mode = keys.get("mode", "sweep" if any(a.startswith("+space=") for a in args) else "measure")
+    if mode in ("sweep", "export"):
+        space = next((a.split("=", 1)[1] for a in args if a.startswith("+space=")), "custom")
+        return keys.get("study.name") or keys.get("run") or f"sweep-{space}"
+    return keys.get("run", f"<new {mode} folder>")
+
+
+def test_the_readme_has_examples_of_every_mode():
+    found = {dict(a.split("=", 1) for a in args if a.startswith("mode=")).get("mode", "measure") for args in examples()}
+    assert {"measure", "compare", "analyze", "export"} <= found
+
+
+def test_no_two_readme_examples_measure_into_one_folder_with_different_configurations():
+    seen: dict[str, tuple[str, ...]] = {}
+    for args in examples():
+        if any(a in ("mode=analyze", "mode=export") for a in args):
+            continue  # they read a folder, they measure nothing into it
+        place = folder(args)
+        if place.startswith("<new") or any(a.startswith(("ray.address=127.0.0.1:1", "study.storage=sqlite:////proc",
+                                                         "results_dir=/proc")) for a in args):
+            continue  # a new folder each time, or refused before a folder is used
+        measured = tuple(sorted(a for a in args if a.startswith(SETTING)))
+        assert seen.setdefault(place, measured) == measured, f"results/{place}: {seen[place]} and then {measured}"
