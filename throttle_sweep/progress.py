@@ -17,33 +17,56 @@ SLOT = re.compile(r" on slot (\S+)")
 
 
 class Progress:
-    """Prints one line per step; ETA from the mean duration of the steps so far."""
+    """Prints one line per run started. The total follows what will run: the runs of comparisons under way
+    (`plan`: added as each starts, the unused given back as it stops early) plus an estimate of the runs not
+    started yet (`expect`); the ETA is the wall time per run finished (`finished`) times the runs left."""
 
     def __init__(self, console: Console, total: int, *, what: str = "replicate") -> None:
-        self.console, self.total, self.what = console, total, what
+        self.console, self.what = console, what
         self.began = time.monotonic()
-        self.first: float | None = None  # the ETA counts from the first step (probes before it are not steps)
-        self.count = 0
+        self.planned, self.expected = total, 0  # runs of comparisons started, runs estimated not started yet
+        self.count = 0  # runs started
+        self.done = 0  # runs finished
+        self.first: float | None = None  # when the first run started: the pace counts from there
+
+    @property
+    def total(self) -> int:
+        return max(self.planned + self.expected, self.count)
+
+    def plan(self, runs: int) -> None:
+        """Runs a comparison will make (at its start), or gives back (negative: it stopped early)."""
+        self.planned += runs
+
+    def expect(self, runs: int) -> None:
+        """The runs of comparisons not started yet, as now estimated (their stage may end sooner)."""
+        self.expected = max(0, runs)
+
+    def finished(self) -> None:
+        self.done += 1
+
+    def eta(self) -> str:
+        if self.first is None or not self.done:
+            return "?"
+        pace = (time.monotonic() - self.first) / self.done
+        return f"{pace * max(0, self.total - self.done):.0f}s"
 
     def _advance(self) -> tuple[float, str]:
         now = time.monotonic()
         self.first = self.first if self.first is not None else now
-        pace = (now - self.first) / self.count if self.count else None
         self.count += 1
-        return now - self.began, f"{pace * (self.total - self.count + 1):.0f}s" if pace else "?"
+        return now - self.began, self.eta()
+
+    def counter(self) -> str:
+        return f"{self.what} {self.count}/{'~' if self.expected else ''}{self.total}"
 
     def step(self, description: str) -> None:
         elapsed, eta = self._advance()
-        self.console.print(f"[dim]{self.what} {self.count}/{self.total}  elapsed {elapsed:.0f}s  ETA {eta}[/]  "
-                           f"{description}", highlight=False)
+        self.console.print(f"[dim]{self.counter()}  elapsed {elapsed:.0f}s  ETA {eta}[/]  {description}",
+                           highlight=False)
 
     def note(self, message: str) -> None:
         """Anything else worth saying (probe results, trial verdicts)."""
         self.console.print(message, highlight=False)
-
-    def skip(self, n: int = 1) -> None:
-        """Steps already done before this run (resumed): they count, but did not take this run's time."""
-        self.total -= n
 
     def stop(self) -> None:
         pass
@@ -56,12 +79,11 @@ class LiveProgress(Progress):
         super().__init__(console, total, what=what)
         self.slots: dict[str, str] = {}
         self.best = "none yet" if best else None  # a sweep's notion; a comparison has no best point
-        self.eta = "?"
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
         self.live.start()
 
     def step(self, description: str) -> None:
-        _, self.eta = self._advance()
+        self._advance()
         slot = SLOT.search(description)
         self.slots[slot.group(1) if slot else "0"] = SLOT.sub("", description)
         self.live.update(self._render())
@@ -75,8 +97,8 @@ class LiveProgress(Progress):
     def _render(self) -> Group:
         elapsed = time.monotonic() - self.began
         head = Table.grid(padding=(0, 1))
-        head.add_row(ProgressBar(total=max(self.total, 1), completed=min(self.count, self.total), width=40),
-                     Text(f"{self.what} {self.count}/{self.total}  elapsed {elapsed:.0f}s  ETA {self.eta}"))
+        head.add_row(ProgressBar(total=max(self.total, 1), completed=min(self.done, self.total), width=40),
+                     Text(f"{self.counter()}  elapsed {elapsed:.0f}s  ETA {self.eta()}"))
         lines = [head, *(Text(f"  slot {slot}: {doing}", style="dim") for slot, doing in sorted(self.slots.items()))]
         if self.best is not None:
             lines.append(Text(f"  best feasible so far: {self.best}", style="bold"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 
@@ -104,7 +105,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         try:
             with stop_on_sigterm():
                 records = run_schedule(
-                    measure, arms, order, write=write_whole(log), done=done,
+                    measure, arms, order, write=write_whole(log, then=progress.finished), done=done,
                     progress=lambda pos, arm: progress.step(f"{arm} ({labels[arm]}) at position {pos}"))
         except KeyboardInterrupt:
             with shielded():
@@ -143,11 +144,12 @@ def fresh_or_complete(records: list[dict], arms: dict, order: list[str], extra: 
         attempt += 1
 
 
-def write_whole(log: RecordLog):
+def write_whole(log: RecordLog, *, then: Callable[[], None]):
     """Append a record with Ctrl-C and SIGTERM held until it is written (never half a line, never lost)."""
     def write(record: dict) -> None:
         with deferred():
             log.append(record)
+        then()
 
     return write
 

@@ -30,7 +30,6 @@ from throttle_sweep.search.driver import (
     Sweep,
     SweepSettings,
     SweepStopped,
-    confirms_together,
     resume_key,
     same_yardstick,
 )
@@ -289,17 +288,12 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
                      else "") + f"baseline {baseline}; study {storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
-    warmup = int(settings.warmup_replicate)
-    joint = confirms_together(settings, pool, settings.confirm_top)  # one baseline for all confirmed
-    total = (settings.n_trials * (2 * settings.replicates + warmup)
-             + ((settings.confirm_top + 1) * settings.confirm_replicates + warmup if joint
-                else settings.confirm_top * (2 * settings.confirm_replicates + warmup)))
-    progress = progress_for(console, total)
+    progress = progress_for(console, 0)  # the driver plans its runs as it goes (driver.SweepProgress)
     sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
                   workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
                   write=log.append, existing=log.records, settings=settings,
                   grid=grid_points(distributions, seed=cfg.study.seed) if cfg.study.sampler == "grid" else None,
-                  on_event=lambda msg: progress.step(msg) if " replicate at position " in msg else progress.note(msg))
+                  progress=progress)
     return sweep, progress
 
 

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
@@ -83,6 +83,35 @@ class SweepSettings:
     same_schedule: bool = True  # one engine schedule, one configuration (search/schedules.py)
     reference: str = "auto"  # what search comparisons run against: auto (see Sweep.choose_reference) | baseline
     shared_baseline: bool = True  # confirmations run one after another share the baseline's runs (joint_schedule)
+
+
+class SweepProgress(Protocol):
+    """What the driver tells whoever shows its progress (the live display, plain lines, nothing)."""
+
+    def note(self, message: str) -> None: ...  # a probe's result, a verdict, a decision
+    def step(self, description: str) -> None: ...  # a run starts
+    def finished(self) -> None: ...  # a run's record is written
+    def plan(self, runs: int) -> None: ...  # a comparison starts with this many runs to go (negative: gives back)
+    def expect(self, runs: int) -> None: ...  # runs of comparisons not started yet, as now estimated
+
+
+class Unseen:
+    """Progress nobody watches."""
+
+    def note(self, message: str) -> None:
+        pass
+
+    def step(self, description: str) -> None:
+        pass
+
+    def finished(self) -> None:
+        pass
+
+    def plan(self, runs: int) -> None:
+        pass
+
+    def expect(self, runs: int) -> None:
+        pass
 
 
 @dataclass
@@ -285,10 +314,12 @@ class Sweep:
                  baseline_flags: Mapping[str, Any], workload_key: Mapping[str, Any], pool: Pool,
                  write: Callable[[dict[str, Any]], None], existing: Sequence[dict[str, Any]],
                  settings: SweepSettings, grid: Sequence[Mapping[str, Any]] | None = None,
-                 on_event: Callable[[str], None] = lambda _: None) -> None:
+                 progress: SweepProgress | None = None) -> None:
         self.study, self.distributions, self.pool = study, dict(distributions), pool
         self.base_flags, self.baseline_flags = dict(base_flags), dict(baseline_flags)
-        self.workload_key, self._write, self.settings, self.say = dict(workload_key), write, settings, on_event
+        self.workload_key, self._write, self.settings = dict(workload_key), write, settings
+        self.progress = progress or Unseen()
+        self.say = self.progress.note
         self.grid = [dict(p) for p in grid] if grid is not None else None  # grid points, in the order to measure
         self.records: list[dict[str, Any]] = list(existing)
         # flags -> the engine schedules their runs recorded (left empty, nothing is merged on schedules)
@@ -331,7 +362,7 @@ class Sweep:
         looks = look_ends(order, self.settings.warmup_replicate, every) if planned and self.settings.sequential \
             else [len(order)]
         thresholds = per_look(self.settings.thresholds, len(looks), family)
-        discarded, faults = [], 0
+        discarded, faults, partial = [], 0, None
         while True:
             cid = comparison_id(arms, list(order), {**self.workload_key, "key": key, "stage": stage})
             done = measured_positions(self.records, cid)
@@ -340,10 +371,16 @@ class Sweep:
             comp = Comparison(key, stage, dict(arms), list(order), cid, slot, records=done, discarded=discarded,
                               faults=faults, looks=looks, thresholds=thresholds, family=family, ranked=ranked)
             if settle(done, len(order)) != "redo" or last:
+                if partial and not done and stage != "probe":
+                    self.say(f"{stage} {partial[0]}: an earlier run left it partial ({partial[1]} of {len(order)} "
+                             f"runs, kept in the records); it starts again from scratch as {key}, so that one "
+                             "engine process measures it whole")
                 return comp
             if fault is None and comp.at_look() and (why := self.stop_rule(comp)):
                 comp.stopped = why  # an earlier run stopped it here, decided
                 return comp
+            if fault is None:
+                partial = (key, len(done))  # the last part an interrupted run left
             discarded.append(cid)
             faults += fault is not None
             key = retry_key(key)
@@ -363,12 +400,13 @@ class Sweep:
                            comp.thresholds.alpha, shrink, needs_saving=self.reference is None)
 
     def run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
-                        alone: bool = False) -> None:
+                        alone: bool = False, rest: Callable[[], int] = lambda: 0) -> None:
         """Keep every slot busy: `start(slot)` gives the next comparison (or None), `finish` takes done ones
         (and may queue the work again, to start afresh). A comparison's replicates all run on its slot. `alone`:
-        one comparison at a time, where slots share one machine (local slots share its cores and memory bus)."""
+        one comparison at a time, where slots share one machine (local slots share its cores and memory bus).
+        `rest`: the runs of comparisons not started yet, this stage's and later ones', as now estimated."""
         try:
-            self._run_comparisons(start, finish, alone and getattr(self.pool, "shares_machine", False))
+            self._run_comparisons(start, finish, alone and getattr(self.pool, "shares_machine", False), rest)
         except BaseException:  # Ctrl-C, SIGTERM, a failed baseline: what other slots finished meanwhile is kept
             self.keep_finished()
             raise
@@ -387,7 +425,7 @@ class Sweep:
                     self.write(record)
 
     def _run_comparisons(self, start: Callable[[int], Comparison | None], finish: Callable[[Comparison], None],
-                         alone: bool) -> None:
+                         alone: bool, rest: Callable[[], int]) -> None:
         running: dict[int, Comparison] = {}
         exhausted = False
         while True:
@@ -403,7 +441,10 @@ class Sweep:
                         finish(comp)  # everything was measured before an interruption
                     else:
                         running[slot] = comp
+                        self.progress.plan(len(comp.order) - len(comp.records))
+                        self.progress.expect(rest())
                         self._submit(comp, running, alone)
+            self.progress.expect(rest())
             if not running:
                 return
             batch = self.pool.wait()
@@ -413,12 +454,14 @@ class Sweep:
                     self.write(record)
                     written(job)
                     running[job.slot].records[job.position] = record
+                    self.progress.finished()
             for job, _ in batch:
                 comp = running[job.slot]
                 if comp.at_look() and comp.fault() is None:
                     comp.stopped = self.stop_rule(comp)
                 if comp.done():
                     del running[job.slot]
+                    self.progress.plan(-(len(comp.order) - len(comp.records)))  # stopped early: never run
                     finish(comp)
                     exhausted = False  # finish may have queued the work again
                 else:
@@ -443,7 +486,7 @@ class Sweep:
             busy = {s: f"{c.key} {c.order[p]} {p + 1}/{len(c.order)}" for s, c in running.items()
                     if (p := c.next_position()) is not None}
             message += "  | " + "  ".join(f"[{s}] {busy.get(s, 'idle')}" for s in self.pool.slots)
-        self.say(message)
+        self.progress.step(message)
         # a joint comparison's candidates are each the candidate arm of their own view (analysis.candidate_view)
         self.pool.submit(Job(comp.slot, comp.arms[arm], BASELINE if arm == BASELINE else CANDIDATE, position, context))
 
@@ -546,7 +589,7 @@ class Sweep:
             self.probe_runs.setdefault((flags_key(search.boundary.others), index), []).append(record)
             self.say(f"{comp.key}: " + (f"{count} preemptions" if ok else f"failed ({record.get('reason')})"))
 
-        self.run_comparisons(start, finish)
+        self.run_comparisons(start, finish, rest=self.runs_ahead)
         summaries = []
         for search in searches:
             others = flags_key(search.boundary.others)
@@ -753,6 +796,16 @@ class Sweep:
             if spent >= s.budget_usd:
                 return f"dollar budget spent (${spent:.4f} of ${s.budget_usd:g} at the assumed price)"
         return None
+
+    def runs_ahead(self) -> int:
+        """The most runs the search and confirmation may still start: trials not yet under way, each a whole
+        comparison, and the first round of confirmation (a progress estimate; early stops give runs back)."""
+        s, warmup = self.settings, int(self.settings.warmup_replicate)
+        trials = max(0, s.n_trials - self.measured_trials() - len(self.open))
+        k = s.confirm_top
+        confirm = ((k + 1) * s.confirm_replicates + warmup if confirms_together(s, self.pool, k)
+                   else k * (2 * s.confirm_replicates + warmup)) if k else 0
+        return trials * (2 * s.replicates + warmup) + confirm
 
     def measured_trials(self) -> int:
         """Finished trials that measured something: repeats, merged schedules and interrupted ones don't count."""
@@ -1036,7 +1089,7 @@ class Sweep:
                      f"{best.params if best else None}")
 
         while True:
-            self.run_comparisons(start, finish)
+            self.run_comparisons(start, finish, rest=self.runs_ahead)
             if not waiting:
                 return
             # nothing runs, yet some wait (for a comparison that ended without finishing): never left open
@@ -1162,7 +1215,11 @@ class Sweep:
 
         # the answer is quoted from these runs: with no other engine beside them on the machine (a neighbour's
         # load that followed their arms could move the ratio; benchmarks/local_slots.py bounds it, not to zero)
-        self.run_comparisons(start, finish, alone=True)
+        def rest() -> int:  # the groups not started yet, each its whole schedule
+            warmup = int(self.settings.warmup_replicate)
+            return sum(((len(g) + 1) if len(g) > 1 else 2) * self.settings.confirm_replicates + warmup for g in queue)
+
+        self.run_comparisons(start, finish, alone=True, rest=rest)
         return results
 
     def run(self) -> SweepResult:
