@@ -157,7 +157,8 @@ def test_analyze_lists_a_sweeps_probes_and_comparisons_and_recomputes_the_one_na
     stages = {json.loads(line)["stage"] for line in records.open()}
     assert {"probe", "confirm"} <= stages
     shown = ok(cli(tmp_path, "mode=analyze", f"input={records}", "plots=false"))
-    assert "probe max_num_seqs=" in shown and "not a comparison" in shown
+    assert "probes, single runs that find the preemption boundary, not comparisons" in shown
+    assert "max_num_seqs=8 #1 " in shown
     assert "comparison " in shown and "verdict: CHEAPER" in shown and "error" not in shown
     confirm = next(json.loads(line) for line in records.open() if json.loads(line)["stage"] == "confirm")
     shown = ok(cli(tmp_path, "mode=analyze", f"input={records}", f"comparison={confirm['key']}", "plots=false"))

@@ -15,7 +15,7 @@ from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_i
 from throttle_sweep.commands.compare import thresholds_from
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.inventory import COMPARISON, MEASURE, Entry, inventory
+from throttle_sweep.inventory import COMPARISON, MEASURE, PROBE, Entry, inventory
 from throttle_sweep.report import lines, write
 
 
@@ -55,6 +55,12 @@ def run(cfg: DictConfig, console: Console) -> int:
 def listing(entries: list[Entry], path: Path) -> list[str]:
     """What the file holds, one line each; single runs (probes, measurements) are not comparisons."""
     out = [f"{path} holds:"]
+    probes = [e for e in entries if e.kind == PROBE]
+    if probes:
+        counts = ", ".join(f"{e.key.removeprefix('probe ')} {sum(r.get('preemptions') or 0 for r in e.records)}"
+                           for e in probes)
+        out.append(f"  {len(probes)} probes, single runs that find the preemption boundary, not comparisons "
+                   f"(preemptions: {counts})")
     for e in entries:
         if e.kind == COMPARISON:
             state = e.partial or ("whole" if e.stage is not None else f"{e.runs} runs")
@@ -64,9 +70,6 @@ def listing(entries: list[Entry], path: Path) -> list[str]:
                               for r in e.records)
             out.append(f"  {e.runs} single run(s) of mode=measure ($ per million output tokens: {costs}); "
                        "not a comparison: mode=compare measures one")
-        else:
-            count = sum(r.get("preemptions") or 0 for r in e.records)
-            out.append(f"  probe {e.key}: one run, {count} preemptions (finds the preemption boundary; not a comparison)")
     return out
 
 
