@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from throttle_sweep.cost import Price
+from throttle_sweep.cost import PARALLEL, Price
 from throttle_sweep.engines import Engine
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ThrottleSweepError
@@ -85,7 +85,7 @@ def slot_shape(ray_conf: Mapping[str, Any], resources: Mapping[str, float], engi
 def engine_world(starts: Sequence[tuple[str, Mapping[str, Any]]]) -> int:
     """How many GPUs a slot needs for the largest engine among `starts` (where each set of flags the sweep
     may start comes from, and the flags):
-    the largest tensor x the largest pipeline parallel size (a space may pair them), all on the slot's node.
+    the largest tensor x pipeline x data parallel size (a space may pair them), all on the slot's node.
     vLLM's multiprocess executor (its default on one node) runs them as children of the engine process, so
     they inherit the GPUs Ray gave the slot's actor. Its Ray executor would place its workers with Ray,
     outside the slot: refused."""
@@ -94,9 +94,10 @@ def engine_world(starts: Sequence[tuple[str, Mapping[str, Any]]]) -> int:
             raise ClusterError(f"{source}.distributed_executor_backend=ray: a slot's engine runs in a child process of its "
                                "Ray actor, which holds the slot's GPUs; vLLM's Ray executor would place its workers "
                                "outside them. Leave it unset (vLLM's multiprocess workers use the slot's GPUs)")
-    tensor = max((int(f.get("tensor_parallel_size") or 1) for _, f in starts), default=1)
-    pipeline = max((int(f.get("pipeline_parallel_size") or 1) for _, f in starts), default=1)
-    return tensor * pipeline
+    world = 1
+    for key in PARALLEL:
+        world *= max((int(f.get(key) or 1) for _, f in starts), default=1)
+    return world
 
 
 def share_a_machine(placements: Mapping[int, Mapping[str, Any]], shape: SlotShape) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 from throttle_sweep.errors import ConfigError
 
@@ -20,6 +22,22 @@ class Price:
 
     def label(self) -> str:
         return f"at an assumed ${self.usd_per_gpu_hour:g}/GPU-hour x {self.gpus} GPU"
+
+    def charged(self, flags: Mapping[str, Any]) -> Price:
+        """The price of an engine with these flags: every GPU it holds, and at least `gpus` (a floor: a node
+        rented whole is paid whole)."""
+        return replace(self, gpus=max(self.gpus, engine_gpus(flags)))
+
+
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def engine_gpus(flags: Mapping[str, Any]) -> int:
+    """The GPUs one engine holds: tensor x pipeline x data parallel size."""
+    gpus = 1
+    for key in PARALLEL:
+        gpus *= int(flags.get(key) or 1)
+    return gpus
 
 
 def usd_per_mtok(price: Price, wall_s: float, tokens: int) -> float | None:

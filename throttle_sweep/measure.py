@@ -100,7 +100,9 @@ def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str
 def record_header(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price, *, run_id: str,
                   arm: str, position: int, environment: Mapping[str, Any] | None = None,
                   context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What every record says before anything is measured: which arm, flags, work and price."""
+    """What every record says before anything is measured: which arm, flags, work and price (every GPU the
+    engine holds is charged)."""
+    price = price.charged(flags)
     return {
         "schema_version": SCHEMA_VERSION,
         "record_id": uuid.uuid4().hex,
@@ -166,6 +168,7 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
     """One replicate on a running engine: warm-up requests (on a `cold` engine, one that has not run this
     workload yet), the fixed work, the engine's own counters. Fills `record` (status 'ok', or 'failed' with
     the reason) and returns it; never raises for the engine's faults."""
+    price = price.charged(flags)
     record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
                           "block_size": getattr(session, "kv_block_size", None)}
     if (log := getattr(session, "log_path", None)) is not None:  # a server's own log (backend=server)
@@ -235,6 +238,7 @@ def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
 
 def one_line(record: Mapping[str, Any], price: Price) -> str:
     """The one-line result users read: throughput, cost, preemptions, tail latency."""
+    price = price.charged(record.get("flags") or {})
     if record["status"] != "ok":
         return f"FAILED ({record.get('failed_at', 'run')}): {record.get('reason')}"
     lat = record["latency_s"]

@@ -60,6 +60,7 @@ def test_a_ray_address_where_nothing_listens_gets_a_clear_error_in_seconds(tmp_p
     ({}, 1), ({"tensor_parallel_size": None}, 1), ({"tensor_parallel_size": 2}, 2),
     ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, 4),  # vLLM's world: tp x pp GPUs on one node
     ({"pipeline_parallel_size": 3}, 3),
+    ({"tensor_parallel_size": 2, "data_parallel_size": 2}, 4),  # data parallel replicas hold GPUs of their own
 ])
 def test_a_slot_holds_every_gpu_of_its_engines_world(engine, gpus):
     """A slot's engine uses tensor x pipeline parallel GPUs; a slot with fewer would make vLLM look for the

@@ -116,7 +116,7 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         raise ConfigError(f"study.reference must be auto or baseline, but got {s.reference!r}")
     return SweepSettings(
         n_trials=s.n_trials, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
-        usd_per_engine_hour=cfg.cost.usd_per_gpu_hour * cfg.cost.gpus, max_preemptions=s.max_preemptions,
+        usd_per_gpu_hour=cfg.cost.usd_per_gpu_hour, max_preemptions=s.max_preemptions,
         max_p95_ttft_s=s.max_p95_ttft_s, max_p95_tpot_s=s.max_p95_tpot_s, max_p95_itl_s=s.max_p95_itl_s,
         cost_basis=cost_basis_from(cfg), schedule=cfg.compare.schedule,
         replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,

@@ -62,7 +62,7 @@ class SweepSettings:
     n_trials: int = 10
     timeout_s: float | None = None
     budget_usd: float | None = None
-    usd_per_engine_hour: float = 1.39  # price x gpus, for the dollar budget
+    usd_per_gpu_hour: float = 1.39  # for the dollar budget, times the GPUs each record was charged for
     max_preemptions: int = 0
     max_p95_ttft_s: float | None = None
     max_p95_tpot_s: float | None = None  # per request: mean time per output token after the first
@@ -792,7 +792,7 @@ class Sweep:
         if s.timeout_s is not None and time.monotonic() - self.began >= s.timeout_s:
             return f"wall-time budget of {s.timeout_s:g}s spent"
         if s.budget_usd is not None:
-            spent = engine_seconds(self.records) / 3600 * s.usd_per_engine_hour
+            spent = sum(engine_seconds([r]) * (r.get("gpus") or 1) for r in self.records) / 3600 * s.usd_per_gpu_hour
             if spent >= s.budget_usd:
                 return f"dollar budget spent (${spent:.4f} of ${s.budget_usd:g} at the assumed price)"
         return None
