@@ -128,7 +128,9 @@ class VllmSession(WallClock):
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
-        self.llm.reset_prefix_cache()
+        if self.llm.reset_prefix_cache() is False:  # vLLM resets nothing while requests still run
+            raise EngineRunError("vLLM did not reset its prefix cache (requests were still running): the "
+                                 "replicate would start with the last one's prompts cached")
 
     def add(self, request: Request) -> None:
         params = self._sampling(
@@ -271,14 +273,17 @@ class VllmInprocEngine:
         prepare_environment()
         import torch
         import vllm
+        from vllm.platforms import current_platform
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # vLLM's platform reads a GPU's name through NVML: torch.cuda would initialise CUDA in this process,
+        # and vLLM then forces `spawn` for its engine core and workers
+        device = current_platform.device_type
         return {
             "engine": self.name,
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
             "device": device,
-            "device_name": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor(),
+            "device_name": platform.processor() if device == "cpu" else current_platform.get_device_name(0),
             "host": platform.node(),
             "cpu_count": os.cpu_count(),
         }
