@@ -175,6 +175,9 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         record["server_log"] = str(log)
     if (core := getattr(session, "engine_core", None)) is not None:  # in-process | multiprocess (vLLM's own)
         record["engine_core"] = core
+    if served := getattr(session, "served_defaults", None):  # defaults the engine resolved as `vllm serve` does
+        record["served_defaults"] = dict(served)
+        record["engine_flags"] = {**record.get("engine_flags", {}), **served}
     try:
         batch = flags.get("max_num_seqs") or getattr(session, "max_num_seqs", None)
         warmup = make_requests(spec, warmup=True, batch=batch) if cold else []

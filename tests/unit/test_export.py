@@ -28,3 +28,20 @@ def test_an_older_study_exports_the_engine_its_config_yaml_recorded_and_keeps_a_
     assert "++engine.max_num_seqs=7" in paths["hydra"].read_text() and "backend=fake" in paths["hydra"].read_text()
     export_keeping_the_old(study, tmp_path, said.append)  # the same export again: nothing moved
     assert len(list(tmp_path.glob("best.superseded-*"))) == 1 and len(said) == 1
+
+
+def test_the_export_serves_the_defaults_the_winner_was_measured_with(tmp_path):
+    """An in-process engine resolves the batch flags left to vLLM's default as `vllm serve` does (records'
+    served_defaults); the export writes them out, so a server elsewhere serves what was measured."""
+    import json
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"mode": "sweep", "backend": "fake", "engine": {}}))
+    study = SimpleNamespace(study_name="s", user_attrs={
+        "baseline": {"max_num_seqs": 1}, "workload": {"num_requests": 16},
+        "winner": {"params": {"max_num_seqs": 7}, "ratio": 0.2, "ci": [0.1, 0.3], "trial": 3}})
+    run = {"schema_version": "1.1", "record_id": "r", "run_id": "s", "flags": {"max_num_seqs": 7}, "position": 1,
+           "status": "ok", "stage": "confirm", "trial": 3, "arm": "candidate",
+           "served_defaults": {"max_num_batched_tokens": 2048}}
+    (tmp_path / "replicates.jsonl").write_text(json.dumps(run) + "\n")
+    paths = export_keeping_the_old(study, tmp_path, print)
+    assert yaml.safe_load(paths["yaml"].read_text()) == {"max-num-seqs": 7, "max-num-batched-tokens": 2048}

@@ -21,6 +21,7 @@ from rich.console import Console
 from throttle_sweep.engines import make_engine
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.provenance import conflicts, overrides_for, refuse_conflicts
+from throttle_sweep.records import read_records
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
 from throttle_sweep.settings import arm_flags, user_overrides
@@ -52,6 +53,7 @@ def export_winner(study: optuna.Study, out: Path, *, into: Path | None = None) -
     measured = recorded_measurement(study, out)
     engine = make_engine(measured["backend"])  # only its engine_flags: what vLLM is given for these flags
     flags = engine.engine_flags(arm_flags(arm_flags(measured["engine"]), winner["params"]))
+    flags.update(served_defaults(out, winner))  # the defaults it was measured with, resolved as `vllm serve` does
     cost = measured["cost"] or {}
     summary = {"ratio_vs_baseline": winner["ratio"], "ci": winner["ci"], "trial": winner["trial"],
                "baseline": measured["baseline"], "workload": measured["workload"], "study": study.study_name,
@@ -60,6 +62,19 @@ def export_winner(study: optuna.Study, out: Path, *, into: Path | None = None) -
                  "workload": measured["workload"], **({"cost": cost} if cost else {})}
     return export_best((into or out) / "best", engine_flags=flags, params=winner["params"], summary=summary,
                        hydra_overrides=overrides_for(remeasure))
+
+
+def served_defaults(out: Path, winner: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags left to vLLM's default that the winner's confirmation runs resolved as `vllm serve` does
+    (records' `served_defaults`, in-process engines), so the export serves them on any machine."""
+    path = out / "replicates.jsonl"
+    if not path.is_file():
+        return {}
+    for record in read_records(path):
+        if (record.get("stage") == "confirm" and record.get("trial") == winner["trial"]
+                and record.get("arm") == "candidate" and record.get("served_defaults")):
+            return dict(record["served_defaults"])
+    return {}
 
 
 def export_keeping_the_old(study: optuna.Study, out: Path, say: Callable[[str], None]) -> dict[str, Path]:

@@ -233,6 +233,24 @@ def collections_deferred() -> Iterator[None]:
             gc.collect = collect
 
 
+BATCH_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
+
+
+def served_batch_defaults(flags: Mapping[str, Any]) -> dict[str, int]:
+    """The batch flags left to vLLM's default, as `vllm serve` resolves them on this hardware. vLLM gives its
+    offline class `LLM` other defaults than its API server (on an H100 16384 batched tokens against 8192; on
+    this CPU build 256 sequences and 4096 tokens against 128 and 2048): measured in-process with the server's,
+    the engine runs what the exported config will serve. Resolved by vLLM's own code, for the server."""
+    missing = [k for k in BATCH_FLAGS if flags.get(k) is None]
+    if not missing:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    config = EngineArgs(**flags).create_engine_config(UsageContext.OPENAI_API_SERVER)
+    return {k: int(getattr(config.scheduler_config, k)) for k in missing}
+
+
 class VllmInprocEngine:
     name = "vllm"
 
@@ -260,12 +278,15 @@ class VllmInprocEngine:
         from vllm import LLM
 
         began = time.perf_counter()
+        resolved = self.engine_flags(flags)
         try:
-            llm = LLM(**self.engine_flags(flags))
+            served = served_batch_defaults(resolved)
+            llm = LLM(**resolved, **served)
         except Exception as exc:
             gc.collect()
             raise EngineStartError(f"{type(exc).__name__}: {exc}") from exc
         session = VllmSession(llm)
+        session.served_defaults = served
         session.start_seconds = time.perf_counter() - began
         return session
 
