@@ -38,6 +38,7 @@ from throttle_sweep.errors import ConfigError, ThrottleSweepError
 from throttle_sweep.pool import Job, Pool
 from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_arm, joint_schedule, make_schedule, with_warmup
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.plan import Plan, project
 from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
 from throttle_sweep.search.sequential import confirm_stop, look_ends, per_look, search_stop, to_rank
 from throttle_sweep.search.winner import Confirmation, choose_winner
@@ -332,6 +333,8 @@ class Sweep:
         self.probe_runs: dict[tuple[str, int], list[dict[str, Any]]] = {}  # every probe of a point, in order
         self.reference: dict[str, Any] | None = None  # the search's yardstick point; None: the baseline
         self.write_failed = False  # a record could not be written: nothing more is appended
+        self.plan: Plan | None = None  # the rest of the sweep, projected once the probes have run
+        self.stopped_by: str | None = None  # why the search stopped before its trials were done
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
@@ -795,7 +798,29 @@ class Sweep:
             spent = sum(engine_seconds([r]) * (r.get("gpus") or 1) for r in self.records) / 3600 * s.usd_per_gpu_hour
             if spent >= s.budget_usd:
                 return f"dollar budget spent (${spent:.4f} of ${s.budget_usd:g} at the assumed price)"
+            if self.plan is not None and spent + self.plan.per_trial_usd > s.budget_usd:
+                return (f"dollar budget: a comparison costs up to about ${self.plan.per_trial_usd:.4f}, more than is "
+                        f"left (${spent:.4f} of ${s.budget_usd:g} spent at the assumed price)")
         return None
+
+    def projected(self) -> Plan | None:
+        """The rest of the sweep, projected from the probes' run times (none without probes)."""
+        if self.baseline_probe is None:
+            return None
+        s = self.settings
+        clean = [r for runs in self.probe_runs.values() for r in runs
+                 if r.get("status") == "ok" and (r.get("preemptions") or 0) <= s.max_preemptions]
+        reference = [r for r in clean if self.reference is not None
+                     and all(r["flags"].get(k) == v for k, v in self.reference.items())]
+        baseline_s = engine_seconds([self.baseline_probe])
+        mean = lambda rs, default: engine_seconds(rs) / len(rs) if rs else default  # noqa: E731
+        k = s.confirm_top
+        return project(trials=max(0, s.n_trials - self.measured_trials()), replicates=s.replicates,
+                       warmup=s.warmup_replicate, confirm=k, confirm_replicates=s.confirm_replicates,
+                       joint=k > 1 and confirms_together(s, self.pool, k), slots=len(self.pool.slots),
+                       baseline_s=baseline_s, yardstick_s=mean(reference, baseline_s),
+                       candidate_s=mean(clean, baseline_s),
+                       usd_per_s=s.usd_per_gpu_hour * (self.baseline_probe.get("gpus") or 1) / 3600)
 
     def runs_ahead(self) -> int:
         """The most runs the search and confirmation may still start: trials not yet under way, each a whole
@@ -963,7 +988,12 @@ class Sweep:
             nonlocal asks_left
             while True:
                 while not queue:
-                    if self.measured_trials() + len(self.open) >= self.settings.n_trials or self.budget_left():
+                    if self.measured_trials() + len(self.open) >= self.settings.n_trials:
+                        return None
+                    if (why := self.budget_left()) is not None:
+                        if why != self.stopped_by:  # said once
+                            self.stopped_by = why
+                            self.say(f"search: stops here, {why}")
                         return None
                     if asks_left <= 0 and (point := self.nearest_unanswered()) is not None:
                         # the sampler only repeats itself: the clean points nearest a boundary come next, where
@@ -1227,6 +1257,10 @@ class Sweep:
         self.reference = dict(told.params) if told is not None else None
         self.find_boundaries()
         self.plan_after_probes()
+        self.plan = self.projected()
+        if self.plan is not None:
+            self.say(self.plan.sentence(slots=len(self.pool.slots), budget_usd=self.settings.budget_usd,
+                                        timeout_s=self.settings.timeout_s))
         self.search()
         confirmations = self.confirm()
         winner, tied = choose_winner(confirmations, self.settings.thresholds.alpha)

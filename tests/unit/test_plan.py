@@ -1,0 +1,46 @@
+"""The plan a sweep prints after its probes, and the dollar budget that stops the search before it is spent."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.records import read_records
+from throttle_sweep.search.driver import engine_seconds
+from throttle_sweep.search.plan import project
+
+
+def test_the_projection_counts_each_arm_at_its_own_run_time():
+    plan = project(trials=2, replicates=4, warmup=False, confirm=2, confirm_replicates=4, joint=True, slots=2,
+                   baseline_s=10.0, yardstick_s=2.0, candidate_s=1.0, usd_per_s=0.01)
+    search, confirm = 2 * 4 * (2.0 + 1.0), 4 * 10.0 + 2 * 4 * 1.0
+    assert plan.runs == 2 * 8 + (1 + 2) * 4
+    assert plan.engine_s == pytest.approx(search + confirm) and plan.usd == pytest.approx((search + confirm) * 0.01)
+    assert plan.wall_s == pytest.approx(search / 2 + confirm)  # confirmation runs alone
+    separate = project(trials=0, replicates=4, warmup=True, confirm=2, confirm_replicates=4, joint=False, slots=1,
+                       baseline_s=10.0, yardstick_s=2.0, candidate_s=1.0, usd_per_s=1.0)
+    assert separate.runs == 2 * (2 * 4 + 1) and separate.engine_s == pytest.approx(2 * (40 + 4 + 10))
+
+
+DEMO = ["backend=fake", "+experiment=demo", "slots=1", "plots=false"]
+
+
+def test_the_sweep_prints_its_plan_after_the_probes_and_the_budget_stops_the_search_before_it_is_spent(tmp_path):
+    console = Console(record=True, width=300)
+    assert sweep_cmd.run(compose_cfg(*DEMO, "study.name=plan", tmp_path=tmp_path), console) == 0
+    shown = console.export_text()
+    assert "plan: up to " in shown and shown.index("probe max_num_seqs") < shown.index("plan: ")
+    records = read_records(tmp_path / "plan" / "replicates.jsonl")
+    one = engine_seconds([r for r in records if r["stage"] == "search"][:8]) / 3600 * 1.39  # a whole comparison
+    probes = engine_seconds([r for r in records if r["stage"] == "probe"]) / 3600 * 1.39
+    budget = probes + 1.5 * one  # room for one comparison, not two
+    console = Console(record=True, width=300)
+    assert sweep_cmd.run(compose_cfg(*DEMO, "study.name=budget", f"study.budget_usd={budget}", "study.n_trials=6",
+                                     "compare.replicates=4", "study.sequential=false", tmp_path=tmp_path),
+                         console) == 0
+    records = read_records(tmp_path / "budget" / "replicates.jsonl")
+    spent = engine_seconds([r for r in records if r["stage"] != "confirm"]) / 3600 * 1.39
+    assert spent <= budget, (spent, budget)
+    assert "a comparison costs up to about" in console.export_text()
