@@ -175,6 +175,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         record["server_log"] = str(log)
     if (core := getattr(session, "engine_core", None)) is not None:  # in-process | multiprocess (vLLM's own)
         record["engine_core"] = core
+    if (sampling := getattr(session, "sampling_defaults", None)) is not None:  # the model's generation_config
+        record["sampling_defaults"] = dict(sampling)
     if served := getattr(session, "served_defaults", None):  # defaults the engine resolved as `vllm serve` does
         record["served_defaults"] = dict(served)
         record["engine_flags"] = {**record.get("engine_flags", {}), **served}

@@ -106,6 +106,9 @@ class VllmSession(WallClock):
         self.engine_steps = self.engine_core == "in-process" and eager
         self._kv_read_at, self._kv_usage = -float("inf"), 0.0
         self._sampling = SamplingParams
+        model_config = self._engine.vllm_config.model_config
+        self.sampling_defaults: dict[str, Any] = dict(model_config.get_diff_sampling_param())
+        self._detokenize = not model_config.skip_tokenizer_init
         self.start_seconds = 0.0
         try:  # the engine's own value when the flag was left to vLLM's default
             self.max_num_seqs: int | None = int(self._engine.vllm_config.scheduler_config.max_num_seqs)
@@ -132,15 +135,22 @@ class VllmSession(WallClock):
             raise EngineRunError("vLLM did not reset its prefix cache (requests were still running): the "
                                  "replicate would start with the last one's prompts cached")
 
+    def params(self, request: Request) -> Any:
+        """The request's sampling as vLLM's API server builds it from the same request body (openai_http):
+        the model's generation_config defaults (top_k, top_p, repetition penalty ...) under what the request
+        sets, and every token detokenized where the model has a tokenizer. Production pays for both."""
+        return self._sampling(**{
+            **self.sampling_defaults,
+            "max_tokens": request.output_len,
+            "min_tokens": request.output_len,
+            "ignore_eos": True,
+            "detokenize": self._detokenize,
+            "temperature": 1.0,
+            "output_kind": self._delta,
+        })
+
     def add(self, request: Request) -> None:
-        params = self._sampling(
-            max_tokens=request.output_len,
-            min_tokens=request.output_len,
-            ignore_eos=True,
-            detokenize=False,
-            temperature=1.0,
-            output_kind=self._delta,
-        )
+        params = self.params(request)
         if request.prompt_token_ids is not None:
             prompt: Any = {"prompt_token_ids": list(request.prompt_token_ids)}
         else:
