@@ -33,7 +33,7 @@ from throttle_sweep.search.driver import (
     resume_key,
     same_yardstick,
 )
-from throttle_sweep.search.report import lines, write_report
+from throttle_sweep.search.report import baseline_words, lines, write_report
 from throttle_sweep.search.space import build_space, grid, within_in_flight
 from throttle_sweep.settings import (
     arm_flags,
@@ -285,7 +285,7 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
                   f"replicates each ({settings.schedule}{', after a warm-up run' if settings.warmup_replicate else ''}"
                   f"{', stopping once decided' if settings.sequential else ''}), {pool.size} slot(s); "
                   + (f"preemption boundary along {settings.boundary_knob} probed first; " if settings.boundary_knob
-                     else "") + f"baseline {baseline}; study {storage}")
+                     else "") + f"{baseline_words(baseline)}, flags {baseline}; study {storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
     progress = progress_for(console, 0)  # the driver plans its runs as it goes (driver.SweepProgress)

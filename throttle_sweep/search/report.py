@@ -94,6 +94,7 @@ def yardstick(study: optuna.Study) -> str:
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     rows = trial_rows(result.study)
     versus = yardstick(result.study)
+    base = result.study.user_attrs.get("baseline")
     many = len({r["ran_on"] for r in rows if r["ran_on"]}) > 1  # several slots: say which ran each trial
     out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [CI]':<22} {'verdict':<13} {'preempt':>7}  "
            + (f"{'slot':<26}" if many else "") + "status"]
@@ -180,7 +181,7 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         cand = [cost for _, cost in result.winner.analysis.costs("candidate")]
         out.append(f"winner (every constraint kept; max {max_preemptions} preemptions): "
                    f"{fmt_params(result.winner.params)}: "
-                   f"{100 * (est.ratio - 1):+.1f}% cost vs baseline (CI {100 * (est.ci_low - 1):+.1f}% to "
+                   f"{100 * (est.ratio - 1):+.1f}% cost vs {baseline_words(base)} (CI {100 * (est.ci_low - 1):+.1f}% to "
                    f"{100 * (est.ci_high - 1):+.1f}%), ${min(cand):.4f}-${max(cand):.4f}/M output tokens in "
                    "confirmation")
         same = [t for t in result.study.get_trials(deepcopy=False)
@@ -189,8 +190,23 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
             out.append("the same configuration as the winner (the same engine schedule, scheduling knobs apart; "
                        "measured once): " + ", ".join(fmt_params(t.params) for t in same))
     else:
-        out.append("no candidate was confirmed cheaper than the baseline")
+        untuned = " vLLM as it runs untuned" if base and all(base.get(k) is None for k in BATCH) else ""
+        out.append(f"no candidate was confirmed cheaper than {baseline_words(base)}"
+                   + (f": none beat{untuned}" if untuned else ""))
     return out
+
+
+BATCH = ("max_num_seqs", "max_num_batched_tokens")
+
+
+def baseline_words(baseline: Mapping[str, Any] | None) -> str:
+    """The baseline by its batch flags, saying which are vLLM's own defaults (what an untuned server runs)."""
+    if baseline is None:
+        return "the baseline"
+    given = " ".join(f"{k}={baseline[k]}" for k in BATCH if baseline.get(k) is not None)
+    left = [k for k in BATCH if baseline.get(k) is None]
+    defaults = f"{', '.join(left)}: vLLM's default{'s' if len(left) > 1 else ''}, as `vllm serve` resolves them"
+    return "the baseline" + (f" {given}" if given else "") + (f" ({defaults})" if left else "")
 
 
 def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:
