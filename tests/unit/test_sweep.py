@@ -121,7 +121,7 @@ def test_export_writes_configs_and_export_mode_rebuilds_them(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("space.max_num_seqs.low=100", r"space 'batching' .*max_num_seqs: low <= high must hold, but got \(low=100"),
+    ("space.max_num_seqs.low=5000", r"space 'batching' .*max_num_seqs: low <= high must hold, but got \(low=5000"),
     ("+space.max_num_seq={type:int,low:1,high:4}", "unknown engine flag 'max_num_seq'"),
     ("space.max_num_batched_tokens.choices=[]", "max_num_batched_tokens.choices must be a non-empty list"),
     ("space.max_num_seqs.type=integer", "max_num_seqs.type must be one of int, float, categorical"),
