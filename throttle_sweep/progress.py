@@ -27,7 +27,7 @@ class Progress:
         self.planned, self.expected = total, 0  # runs of comparisons started, runs estimated not started yet
         self.count = 0  # runs started
         self.done = 0  # runs finished
-        self.first: float | None = None  # when the first run started: the pace counts from there
+        self.first_done = 0.0  # when the first run finished: the pace counts from there
 
     @property
     def total(self) -> int:
@@ -43,16 +43,19 @@ class Progress:
 
     def finished(self) -> None:
         self.done += 1
+        if self.done == 1:
+            self.first_done = time.monotonic()
 
     def eta(self) -> str:
-        if self.first is None or not self.done:
+        """From the runs finished after the first (which carries the engine process's start and, in a sweep,
+        the baseline's slow probe): no guess before two of them."""
+        if self.done < 3:
             return "?"
-        pace = (time.monotonic() - self.first) / self.done
+        pace = (time.monotonic() - self.first_done) / (self.done - 1)
         return f"{pace * max(0, self.total - self.done):.0f}s"
 
     def _advance(self) -> tuple[float, str]:
         now = time.monotonic()
-        self.first = self.first if self.first is not None else now
         self.count += 1
         return now - self.began, self.eta()
 

@@ -206,3 +206,17 @@ def test_a_hub_model_that_cannot_be_reached_is_refused_before_any_engine_starts(
     assert "engine.model='Qwen/Qwen2.5-0.5B-Instruct' is not in this machine's Hugging Face cache" in said
     assert "the hub cannot be reached" in said and "measuring" not in said
     assert time.monotonic() - began < 25  # vLLM itself retried for about 30 s once its engine had started
+
+
+def test_a_sweep_refused_before_its_slots_start_leaves_the_studys_configuration_as_it_was(tmp_path):
+    space = ["backend=fake", "+space=batching", "study.name=s", "study.n_trials=1", "space.max_num_seqs.high=4",
+             "~space.max_num_batched_tokens", "study.confirm_top=0"]
+    ok(cli(tmp_path, *space, "slots=1"))
+    saved = (tmp_path / "results" / "s" / "config.yaml").read_text()
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'results' / 's' / 'study.db'}")
+    attrs = dict(study.user_attrs)
+    said = refused(cli(tmp_path, *space, "ray.enabled=true", "ray.address=127.0.0.1:1", "cost.usd_per_gpu_hour=9"))
+    assert "no Ray cluster answered" in said
+    assert (tmp_path / "results" / "s" / "config.yaml").read_text() == saved
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'results' / 's' / 'study.db'}")
+    assert study.user_attrs == attrs

@@ -166,11 +166,10 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     say = partial(console.print, highlight=False)
     claim_run_folder(out, plain(cfg), "sweep")  # before the study: a measure or compare folder is not taken over
     study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
-    same_measurement(study, {"backend": cfg.backend, "engine": plain(cfg.engine), "baseline": baseline,
-                             "workload": asdict(spec), "cost": plain(cfg.cost)},
-                     measured=bool(study.trials) or has_records(out))
+    measurement = {"backend": cfg.backend, "engine": plain(cfg.engine), "baseline": baseline,
+                   "workload": asdict(spec), "cost": plain(cfg.cost)}
+    same_measurement(study, measurement, measured=bool(study.trials) or has_records(out))
     same_yardstick(study, settings, name)
-    OmegaConf.save(cfg, out / "config.yaml")
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
     closer, progress, sweep = None, None, None
@@ -180,6 +179,11 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
             starts = [("baseline", baseline), *((f"space.{flag}={flags[flag]}", flags)
                                                 for flag, flags in space_extremes(base, distributions))]
             pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say, starts=starts)
+            # what this run measures with, written once its slots are up (a run refused before that, say by
+            # a Ray cluster that does not answer, leaves the study's record of its configuration as it was)
+            for key, value in measurement.items():
+                study.set_user_attr(key, value)
+            OmegaConf.save(cfg, out / "config.yaml")
             sweep, progress = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
                                          base=base, baseline=baseline, spec=spec, pool=pool, log=log,
                                          settings=settings)
@@ -229,8 +233,8 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
 def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: bool) -> None:
     """A study's ratios are against one baseline on one workload and backend: a resume with any of them
     changed would rank ratios against different things side by side, so it is refused. A study that has
-    measured nothing yet (it stopped before its first run) takes this run's. The engine's base flags and
-    the price are recorded too: the export serves, and says, what was measured."""
+    measured nothing yet (it stopped before its first run) takes this run's. (The run records `now`, with
+    the engine's base flags and the price, once its slots are up: the export serves what was measured.)"""
     for key in ("baseline", "workload", "backend") if measured else ():
         before, current = study.user_attrs.get(key), now[key]
         if before is None or before == current:
@@ -241,8 +245,6 @@ def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: b
         raise ConfigError(f"study {study.study_name!r} was measured with another {key} ({', '.join(changed)}: "
                           f"{ {k: before.get(k) for k in changed} } then, { {k: current.get(k) for k in changed} } "
                           "now); its ratios cannot be ranked with new ones: choose another study.name")
-    for key, value in now.items():
-        study.set_user_attr(key, value)
 
 
 def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],

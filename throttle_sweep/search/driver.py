@@ -1003,9 +1003,10 @@ class Sweep:
                         asks_left = 1
                     if asks_left <= 0:
                         if asks_left == 0:
+                            under_way = f", and the {len(comparing)} under way finish" if comparing else ""
                             self.say("search: the sampler kept proposing flags already answered (measured, or the "
-                                     "same engine schedule as measured ones); the search stops after "
-                                     f"{self.measured_trials()} trials")
+                                     "same engine schedule as measured ones); it is asked no more: "
+                                     f"{self.measured_trials()} trials answered{under_way}")
                             asks_left -= 1
                         return None
                     asks_left -= 1
