@@ -60,19 +60,20 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def conflicts(recorded: Mapping[str, Any], now: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, tuple]:
     """{dotted key: (recorded, now)} for every key the command line sets to something other than what was
-    recorded. `recorded` and `now` hold the same sections (absent ones are not compared); a null and an
-    absent flag are the same (vLLM's default)."""
+    recorded. `recorded` and `now` hold the same sections (absent ones are not compared)."""
     sections, keys = set_on_command_line(overrides)
     wanted = {k for k in keys if k.split(".")[0] in recorded}
     for section in sections & set(recorded):
-        wanted |= {k for k in flatten({section: recorded[section]}) | flatten({section: now.get(section)})
-                   if k.split(".")[0] == section}
-    found = {}
-    for key in sorted(wanted):
-        then, current = lookup(recorded, key), lookup(now, key)
-        if then != current:
-            found[key] = (then, current)
-    return found
+        wanted |= {k for k in flatten({section: recorded[section]}) | flatten({section: now.get(section)})}
+    return differences(recorded, now, wanted)
+
+
+def differences(recorded: Mapping[str, Any], now: Mapping[str, Any], keys: Iterable[str] | None = None
+                ) -> dict[str, tuple]:
+    """{dotted key: (recorded, now)} where they differ, over `keys` (None: every key of recorded's sections)."""
+    if keys is None:
+        keys = set(flatten(recorded)) | set(flatten({k: now.get(k) for k in recorded}))
+    return {k: (lookup(recorded, k), lookup(now, k)) for k in sorted(keys) if lookup(recorded, k) != lookup(now, k)}
 
 
 def refuse_conflicts(found: Mapping[str, tuple], *, what: str, advice: str) -> None:
@@ -152,6 +153,9 @@ def claim_run_folder(out: Path, config: Mapping[str, Any], mode: str) -> None:
 
 
 def has_records(out: Path) -> bool:
-    """Whether anything was measured in this folder (a replicate record, a probe's included)."""
+    """Whether anything was measured in this folder: a replicate (a probe's included) that came back ok. A
+    run whose every start failed measured nothing, and does not pin the folder to its configuration."""
+    from throttle_sweep.records import iter_records
+
     records = out / "replicates.jsonl"
-    return records.is_file() and records.stat().st_size > 0
+    return records.is_file() and any(r.get("status") == "ok" for r in iter_records(records))

@@ -94,7 +94,7 @@ def test_a_study_that_measured_nothing_is_not_pinned_to_its_first_configuration(
     study = optuna.load_study(study_name="raybad", storage=f"sqlite:///{tmp_path / 'results' / 'raybad' / 'study.db'}")
     assert study.user_attrs["workload"]["num_requests"] == 8
     said = refused(cli(tmp_path, *space, "slots=1", "workload.num_requests=12"))  # now it has measured: pinned
-    assert "was measured with another workload (num_requests" in said
+    assert "was measured with another configuration" in said and "workload.num_requests=12 where it measured 8" in said
 
 
 def user_conf(tmp_path: Path, text: str) -> list[str]:
@@ -215,8 +215,20 @@ def test_a_sweep_refused_before_its_slots_start_leaves_the_studys_configuration_
     saved = (tmp_path / "results" / "s" / "config.yaml").read_text()
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'results' / 's' / 'study.db'}")
     attrs = dict(study.user_attrs)
-    said = refused(cli(tmp_path, *space, "ray.enabled=true", "ray.address=127.0.0.1:1", "cost.usd_per_gpu_hour=9"))
+    said = refused(cli(tmp_path, *space, "ray.enabled=true", "ray.address=127.0.0.1:1"))
     assert "no Ray cluster answered" in said
     assert (tmp_path / "results" / "s" / "config.yaml").read_text() == saved
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'results' / 's' / 'study.db'}")
     assert study.user_attrs == attrs
+
+
+def test_a_resume_with_another_engine_flag_or_price_is_refused_and_a_run_that_only_failed_pins_nothing(tmp_path):
+    space = ["backend=fake", "+space=prefix", "study.name=px", "study.n_trials=1", "slots=1", "study.confirm_top=0"]
+    ok(cli(tmp_path, *space))
+    said = refused(cli(tmp_path, *space, "study.n_trials=2", "engine.max_num_seqs=2"))
+    assert "engine.max_num_seqs=2 where it measured null (vLLM's default)" in said
+    said = refused(cli(tmp_path, *space, "study.n_trials=2", "cost.usd_per_gpu_hour=9"))
+    assert "cost.usd_per_gpu_hour=9.0 where it measured 1.39" in said
+    failing = ["mode=measure", "run=fm", "backend=fake", "+fake.fail_start_when={max_num_seqs:0}"]
+    assert cli(tmp_path, *failing, "engine.max_num_seqs=4").returncode == 1  # FAILED (start): nothing measured
+    ok(cli(tmp_path, "mode=measure", "run=fm", "backend=fake", "engine.max_num_seqs=2", "workload.num_requests=8"))

@@ -168,9 +168,10 @@ def test_a_resume_with_another_baseline_is_refused_before_anything_is_measured(t
             "study.n_trials=1", "compare.replicates=2", "study.confirm_top=0", "plots=false"]
     assert sweep_cmd.run(compose_cfg(*args, tmp_path=tmp_path), Console(quiet=True)) == 0
     monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
-    with pytest.raises(ConfigError, match=r"measured with another baseline \(max_num_seqs: \{'max_num_seqs': 1\} then"):
+    with pytest.raises(ConfigError, match=r"measured with another configuration: .*baseline.max_num_seqs=2 where it "
+                                          r"measured 1"):
         sweep_cmd.run(compose_cfg(*args, "baseline.max_num_seqs=2", tmp_path=tmp_path), Console(quiet=True))
-    with pytest.raises(ConfigError, match="measured with another workload"):
+    with pytest.raises(ConfigError, match="workload.output_len=32 where it measured 16"):
         sweep_cmd.run(compose_cfg(*args, "workload.output_len=32", tmp_path=tmp_path), Console(quiet=True))
 
 

@@ -85,11 +85,17 @@ def export_keeping_the_old(study: optuna.Study, out: Path, say: Callable[[str], 
     with tempfile.TemporaryDirectory(dir=out) as scratch:
         fresh = export_winner(study, out, into=Path(scratch))
         if not all((best / p.name).is_file() and filecmp.cmp(p, best / p.name, shallow=False) for p in fresh.values()):
-            kept = out / f"best.superseded-{dt.datetime.now():%Y%m%d-%H%M%S}"
-            best.rename(kept)
-            say(f"the earlier export differed from this one; it was moved to {kept}")
+            say(f"the earlier export differed from this one; it was moved to {move_aside(best)}")
             shutil.move(str(Path(scratch) / "best"), best)
     return {kind: best / path.name for kind, path in fresh.items()}
+
+
+def move_aside(best: Path) -> Path:
+    """An earlier export kept beside the new one, never lost: best.superseded-TIME (microseconds: two in a
+    second cannot collide)."""
+    kept = best.with_name(f"best.superseded-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+    best.rename(kept)
+    return kept
 
 
 def command_line_sections(cfg: DictConfig) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
@@ -17,12 +16,12 @@ from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
 from throttle_sweep.commands.compare import cost_basis_from, thresholds_from
-from throttle_sweep.commands.export import export_keeping_the_old
+from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
 from throttle_sweep.pool import LocalPool
 from throttle_sweep.progress import Progress, progress_for
-from throttle_sweep.provenance import claim_run_folder, has_records
+from throttle_sweep.provenance import claim_run_folder, differences, has_records, refuse_conflicts
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
@@ -168,7 +167,7 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
     measurement = {"backend": cfg.backend, "engine": plain(cfg.engine), "baseline": baseline,
                    "workload": asdict(spec), "cost": plain(cfg.cost)}
-    same_measurement(study, measurement, measured=bool(study.trials) or has_records(out))
+    same_measurement(study, measurement, measured=has_records(out))
     same_yardstick(study, settings, name)
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
@@ -217,9 +216,7 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
     if result.winner is None:
         study.set_user_attr("winner", None)  # an earlier run's winner is not this study's answer any more
         if (out / "best").exists():
-            stale = out / f"best.superseded-{dt.datetime.now():%Y%m%d-%H%M%S}"
-            (out / "best").rename(stale)
-            say(f"no winner to export; the earlier export was moved to {stale}")
+            say(f"no winner to export; the earlier export was moved to {move_aside(out / 'best')}")
         return 0
     est = (result.winner.adjusted or result.winner.analysis).estimate
     study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
@@ -231,20 +228,18 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
 
 
 def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: bool) -> None:
-    """A study's ratios are against one baseline on one workload and backend: a resume with any of them
-    changed would rank ratios against different things side by side, so it is refused. A study that has
-    measured nothing yet (it stopped before its first run) takes this run's. (The run records `now`, with
-    the engine's base flags and the price, once its slots are up: the export serves what was measured.)"""
-    for key in ("baseline", "workload", "backend") if measured else ():
-        before, current = study.user_attrs.get(key), now[key]
-        if before is None or before == current:
-            continue
-        if not isinstance(before, dict):
-            before, current = {key: before}, {key: current}
-        changed = sorted(k for k in set(before) | set(current) if before.get(k) != current.get(k))
-        raise ConfigError(f"study {study.study_name!r} was measured with another {key} ({', '.join(changed)}: "
-                          f"{ {k: before.get(k) for k in changed} } then, { {k: current.get(k) for k in changed} } "
-                          "now); its ratios cannot be ranked with new ones: choose another study.name")
+    """A study's ratios are against one baseline, on one engine, workload, backend and price: a resume with
+    any of them changed would rank ratios (and costs) measured with different things side by side, so it is
+    refused, naming each key. A study that has measured nothing yet (no run came back ok) takes this run's.
+    (The run records `now` once its slots are up: the export serves what was measured.)"""
+    if not measured:
+        return
+    recorded = {k: study.user_attrs.get(k) for k in now if study.user_attrs.get(k) is not None}
+    if "engine" in recorded:  # a null flag and a missing one are both vLLM's default
+        recorded["engine"] = arm_flags(recorded["engine"])
+    found = differences(recorded, {**now, "engine": arm_flags(now["engine"])})
+    refuse_conflicts(found, what=f"study {study.study_name!r} was measured with another configuration",
+                     advice="Its ratios cannot be ranked with new ones: choose another study.name")
 
 
 def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],
