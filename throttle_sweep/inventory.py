@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from throttle_sweep.analysis import split_joint
-from throttle_sweep.compare import retry_key, settle
+from throttle_sweep.compare import fault_of, retry_key
 
 COMPARISON, PROBE, MEASURE = "comparison", "probe", "measure"
 
@@ -61,8 +61,13 @@ def abandoned(group: Sequence[Mapping[str, Any]], keys: set[str | None]) -> str 
         again = retry_key(key)
         if again in keys:
             return f"abandoned: {len(group)} runs, then measured again from scratch as {again}"
-    planned = group[0].get("runs_planned")  # mode=compare's
-    if planned is not None and settle({r["position"]: r for r in group}, planned) == "redo":
-        return (f"abandoned: {len(group)} of {planned} runs measured when its run stopped (an interrupted "
-                "compare starts afresh)")
+    planned = group[0].get("runs_planned")
+    if planned is None:  # records written before comparisons said how long they were planned
+        return None
+    runs = {r["position"]: r for r in group}
+    fault = fault_of(runs)
+    ends = group[0].get("looks") or [planned]  # a sweep's comparison may stop, decided, at any look
+    if len(runs) not in ends and not (fault is not None and fault.blame == "candidate"):
+        return (f"abandoned: {len(runs)} of {planned} runs measured when its run stopped (an interrupted "
+                "comparison starts afresh when its run is resumed)")
     return None

@@ -232,3 +232,19 @@ def test_a_resume_with_another_engine_flag_or_price_is_refused_and_a_run_that_on
     failing = ["mode=measure", "run=fm", "backend=fake", "+fake.fail_start_when={max_num_seqs:0}"]
     assert cli(tmp_path, *failing, "engine.max_num_seqs=4").returncode == 1  # FAILED (start): nothing measured
     ok(cli(tmp_path, "mode=measure", "run=fm", "backend=fake", "engine.max_num_seqs=2", "workload.num_requests=8"))
+
+
+def test_analyze_marks_a_sweeps_comparison_cut_short_partial_and_one_stopped_at_a_look_whole(tmp_path):
+    ok(cli(tmp_path, *DEMO, "plots=false"))
+    records = (tmp_path / "results" / "demo" / "replicates.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in records]
+    search = [i for i, r in enumerate(rows) if r["stage"] == "search"]
+    first = rows[search[0]]
+    assert first["looks"] and first["runs_planned"] == 8
+    cut = search[0] + 3  # three runs of the first search comparison, then the run stopped
+    (tmp_path / "cut.jsonl").write_text("\n".join(records[:cut]) + "\n")
+    shown = ok(cli(tmp_path, "mode=analyze", "input=cut.jsonl", "plots=false"))
+    assert f"comparison {first['comparison']}" in shown and "abandoned: 3 of 8 runs" in shown
+    assert "verdict" not in shown
+    whole = ok(cli(tmp_path, "mode=analyze", f"input={tmp_path / 'results' / 'demo' / 'replicates.jsonl'}"))
+    assert "abandoned" not in whole  # the demo's searches stop, decided, at a look: whole comparisons

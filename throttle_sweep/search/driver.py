@@ -477,6 +477,7 @@ class Sweep:
         if comp.joint is not None:  # whose run it is: a candidate's trial; the baseline's runs are everyone's
             trial = comp.joint.get(arm)
         context = {"comparison": comp.id, "stage": comp.stage, "key": comp.key, "schedule": self.settings.schedule,
+                   "runs_planned": len(comp.order), "looks": comp.looks,  # where it may end: a whole comparison
                    "trial": trial, **({"confirmed_together": sorted(comp.joint.values())} if comp.joint else {}),
                    "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None,
                    "slots": 1 if alone else len(self.pool.slots)}  # how many measured side by side
