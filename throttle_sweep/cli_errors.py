@@ -6,7 +6,6 @@ recognise it leaves to Hydra, which fails the same way and reports it."""
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any
 
@@ -14,7 +13,7 @@ import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from throttle_sweep.errors import ConfigError
+from throttle_sweep.errors import ConfigError, nearest
 
 FLAG_NODES = ("engine", "baseline", "candidate")
 
@@ -46,9 +45,24 @@ def explain(exc: BaseException, overrides: list[str], conf_dir: str) -> str | No
         arg = first.partition("argument ")[2].strip("'")
         return (f"'{arg}': a comma separates sweep values; write a list as key=[a,b] "
                 "or quote a string: key='a,b'")
+    if first.startswith("Config group override must be a string"):
+        return group_given_a_value(overrides, conf_dir)
     if isinstance(exc, ConfigCompositionException | OmegaConfBaseException):
         return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return None
+
+
+def group_given_a_value(overrides: list[str], conf_dir: str) -> str:
+    """`cost=2.5`: a config group given a value, where a key inside it was meant."""
+    from pathlib import Path
+
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        options = sorted(p.stem for p in (Path(conf_dir) / key).glob("*.yaml"))
+        if options and value not in options:
+            return (f"'{override}': {key} is a config group (options: {', '.join(options)}), not a value; set a key "
+                    f"inside it, such as {key}.KEY={value} (see --help)")
+    return "a config group was given a value, not one of its options (see --help)"
 
 
 def yaml_message(e: yaml.MarkedYAMLError) -> str:
@@ -85,11 +99,13 @@ def unknown_key_message(e: ConfigAttributeError | ConfigKeyError, overrides: lis
             return (f"command line '{line}': engine flag '{name}' is valid but not in the config's {node} flags; "
                     f"add it with a plus: +{line}")
     keys = list(e.parent_node.keys()) if e.parent_node is not None else []
-    near = difflib.get_close_matches(name, [str(k) for k in keys], n=3, cutoff=0.6)
+    near = nearest(name, keys)
     prefix = f"{node}." if node else ""
     hint = (f"nearest valid keys: {', '.join(prefix + k for k in near)}" if near
             else f"valid keys{' of ' + node if node else ''}: {', '.join(map(str, keys))}")
-    return f"unknown config key '{full_key}' (command line '{line}'); {hint}"
+    where = (f"command line '{line}'" if o is not None
+             else "set in a config file the command line chose (an experiment, a space, your own)")
+    return f"unknown config key '{full_key}' ({where}); {hint}"
 
 
 def compose_quiet(overrides: list[str], conf_dir: str, config_name: str = "config") -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class ThrottleSweepError(Exception):
     """Base for every error this tool raises on purpose."""
@@ -21,3 +23,10 @@ class EngineStartError(ThrottleSweepError, RuntimeError):
 
 class EngineRunError(ThrottleSweepError, RuntimeError):
     """The engine died or failed while serving the workload."""
+
+
+def nearest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The valid names closest to a misspelt one, for 'nearest valid names: ...' (at most n, maybe none)."""
+    import difflib
+
+    return difflib.get_close_matches(str(name), [str(c) for c in choices], n=n, cutoff=0.6)

@@ -86,6 +86,9 @@ def _show(value: Any) -> str:
     return "null (vLLM's default)" if value is None else repr(value)
 
 
+READ_AS_OTHER = {"null", "true", "false", "nan", "inf", "-inf", "+inf"}
+
+
 def hydra_value(value: Any) -> str:
     """A value as Hydra's override grammar reads it back, with no spaces (a shell splits on them)."""
     if value is None:
@@ -99,7 +102,8 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     text = str(value)
-    return text if re.fullmatch(r"[\w./:-]+", text) and text not in ("null", "true", "false") else repr(text)
+    plain_word = re.fullmatch(r"[A-Za-z_][\w./:-]*", text) and text.lower() not in READ_AS_OTHER
+    return text if plain_word else repr(text)  # else Hydra would read it as a number, a bool or null
 
 
 def overrides_for(sections: Mapping[str, Any]) -> list[str]:
@@ -110,8 +114,10 @@ def overrides_for(sections: Mapping[str, Any]) -> list[str]:
         if not isinstance(value, Mapping):
             out.append(f"{section}={hydra_value(value)}")
             continue
-        prefix = "++" if section in ("engine", "baseline", "candidate") else ""
-        out += [f"{prefix}{section}.{k}={hydra_value(v)}" for k, v in value.items()]
+        if section in ("engine", "baseline", "candidate"):  # open dicts: exactly these flags, none of the defaults'
+            out += [f"~{section}", *(f"++{section}.{k}={hydra_value(v)}" for k, v in value.items())]
+        else:
+            out += [f"{section}.{k}={hydra_value(v)}" for k, v in value.items()]
     return out
 
 

@@ -14,7 +14,7 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine, FakeKnobs, make_engine
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.engines.model_source import check_model_reachable
-from throttle_sweep.errors import ConfigError
+from throttle_sweep.errors import ConfigError, nearest
 from throttle_sweep.models import TINY_QWEN2, model_config
 from throttle_sweep.workload import WorkloadSpec
 
@@ -34,9 +34,7 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
     given = plain(cfg.workload)
     unknown = sorted(set(given) - {f.name for f in fields(WorkloadSpec)})
     if unknown:  # `+workload.KEY=...` adds a key the schema does not know
-        import difflib
-
-        near = {k: difflib.get_close_matches(k, [f.name for f in fields(WorkloadSpec)], n=1) for k in unknown}
+        near = {k: nearest(k, [f.name for f in fields(WorkloadSpec)], n=1) for k in unknown}
         raise ConfigError("unknown workload key(s) " + ", ".join(
             f"'workload.{k}'" + (f" (nearest valid: workload.{m[0]})" if m else "") for k, m in near.items()))
     spec = WorkloadSpec(**given)

@@ -248,3 +248,13 @@ def test_analyze_marks_a_sweeps_comparison_cut_short_partial_and_one_stopped_at_
     assert "verdict" not in shown
     whole = ok(cli(tmp_path, "mode=analyze", f"input={tmp_path / 'results' / 'demo' / 'replicates.jsonl'}"))
     assert "abandoned" not in whole  # the demo's searches stop, decided, at a look: whole comparisons
+
+
+def test_a_config_group_given_a_value_and_a_bad_key_in_a_chosen_file_are_one_line_errors(tmp_path):
+    said = refused(cli(tmp_path, "backend=fake", "cost=2.5"))
+    assert "'cost=2.5': cost is a config group (options: default)" in said
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text("# @package _global_\nworkload:\n  num_request: 8\n")
+    said = refused(cli(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+experiment=mine", "backend=fake"))
+    assert "unknown config key 'workload.num_request' (set in a config file the command line chose" in said
+    assert "workload.num_requests" in said

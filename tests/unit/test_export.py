@@ -45,3 +45,18 @@ def test_the_export_serves_the_defaults_the_winner_was_measured_with(tmp_path):
     (tmp_path / "replicates.jsonl").write_text(json.dumps(run) + "\n")
     paths = export_keeping_the_old(study, tmp_path, print)
     assert yaml.safe_load(paths["yaml"].read_text()) == {"max-num-seqs": 7, "max-num-batched-tokens": 2048}
+
+
+def test_overrides_compose_back_to_exactly_the_recorded_values():
+    """Strings that look like numbers or bools stay strings; an engine without a package default's key
+    (deleted with ~) is composed without it, not with the default back."""
+    from tests.helpers import compose_cfg
+    from throttle_sweep.provenance import overrides_for
+    from throttle_sweep.settings import plain
+
+    engine = {"model": "org/m-1.0", "revision": "12e45678", "tokenizer_mode": "True", "seed": 0,
+              "max_model_len": 256, "kv_cache_memory_bytes": None, "hf_overrides": {"a": 1.5}}
+    workload = {"num_requests": 16, "jsonl": None, "chars_per_token": 4.0}
+    cfg = compose_cfg(*overrides_for({"backend": "fake", "engine": engine, "workload": workload}))
+    assert plain(cfg.engine) == engine and "enforce_eager" not in plain(cfg.engine)
+    assert {k: plain(cfg.workload)[k] for k in workload} == workload and cfg.backend == "fake"

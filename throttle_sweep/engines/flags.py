@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
 import hashlib
 import json
@@ -22,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from throttle_sweep.errors import ConfigError
+from throttle_sweep.errors import ConfigError, nearest
 
 FlagSchema = Mapping[str, Any]  # flag name -> type annotation (Any where it cannot be resolved)
 
@@ -197,7 +196,7 @@ def check_flags(flags: Mapping[str, Any], schema: FlagSchema, *, source: str) ->
     """Raise ConfigError for the first unknown flag or ill-typed value in `flags`."""
     for name, value in flags.items():
         if name not in schema:
-            near = difflib.get_close_matches(name, list(schema), n=3, cutoff=0.6)
+            near = nearest(name, schema)
             hint = f"; nearest valid names: {', '.join(near)}" if near else ""
             raise ConfigError(f"{source}: unknown engine flag '{name}'{hint}")
         if not value_matches(value, schema[name]):

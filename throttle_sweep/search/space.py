@@ -12,7 +12,7 @@ from typing import Any
 import optuna.distributions as od
 
 from throttle_sweep.engines.flags import check_flags
-from throttle_sweep.errors import ConfigError
+from throttle_sweep.errors import ConfigError, nearest
 
 KINDS = ("int", "float", "categorical")
 ALLOWED_KEYS = {"int": {"type", "low", "high", "step", "log"}, "float": {"type", "low", "high", "step", "log"},
@@ -21,10 +21,8 @@ ALLOWED_KEYS = {"int": {"type", "low", "high", "step", "log"}, "float": {"type",
 
 def _nearest(keys: list[str]) -> str:
     """', did you mean ...' for keys close to a known one (a misspelt 'tpye')."""
-    import difflib
-
     known = sorted(set().union(*ALLOWED_KEYS.values()))
-    near = {k: difflib.get_close_matches(str(k), known, n=1, cutoff=0.6) for k in keys}
+    near = {k: nearest(k, known, n=1) for k in keys}
     said = [f"{k!r} -> {m[0]!r}" for k, m in near.items() if m]
     return f", did you mean {', '.join(said)}" if said else ""
 
