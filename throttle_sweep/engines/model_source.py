@@ -6,11 +6,9 @@ vLLM resolves a Hugging Face name only when the engine starts, and with no netwo
 from __future__ import annotations
 
 import functools
-import os
 
 from throttle_sweep.errors import ConfigError
 
-HUB = "https://huggingface.co"
 TIMEOUT_S = 5.0
 
 
@@ -34,25 +32,36 @@ def check_model_reachable(model: str, *, source: str) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _problem(model: str) -> str | None:
+    """Asked through huggingface_hub, as vLLM asks: its endpoint (HF_ENDPOINT), its token (HF_TOKEN, or the
+    one `huggingface-cli login` stored), its offline switch, and the hub's own error codes."""
     if cached(model):
         return None
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
     advice = (f"download it on a machine that reaches the hub (huggingface-cli download {model}) into this "
               "machine's cache, or name a local folder (engine.model=/path/to/model)")
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return f" is not in this machine's Hugging Face cache and HF_HUB_OFFLINE is set; {advice}"
-    import httpx
-
-    url = f"{os.environ.get('HF_ENDPOINT') or HUB}/{model}/resolve/main/config.json"
-    token = os.environ.get("HF_TOKEN")
     try:
-        answer = httpx.head(url, timeout=TIMEOUT_S, follow_redirects=True,
-                            headers={"Authorization": f"Bearer {token}"} if token else None)
-    except httpx.HTTPError as exc:
+        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=TIMEOUT_S)
+    except OfflineModeIsEnabled:
+        return f" is not in this machine's Hugging Face cache and HF_HUB_OFFLINE is set; {advice}"
+    except GatedRepoError:
+        return (": a gated model this machine's token may not read yet; accept its terms on the hub and log in "
+                "(huggingface-cli login, or HF_TOKEN)")
+    except RepositoryNotFoundError:
+        return (": no such model on the hub, or a private one this machine's token may not read; check the name "
+                "(or log in: huggingface-cli login, HF_TOKEN), or name a local folder")
+    except EntryNotFoundError:
+        return ": the hub has no config.json for it, so vLLM cannot load it as a model"
+    except HfHubHTTPError as exc:
+        return f": the hub answered {str(exc).splitlines()[0]}"
+    except Exception as exc:  # noqa: BLE001 - any failure to connect (the hub client's own error types)
         return (f" is not in this machine's Hugging Face cache, and the hub cannot be reached "
                 f"({type(exc).__name__}: {exc}); {advice}")
-    if answer.status_code in (401, 403):
-        return (f": the hub refused access ({answer.status_code}); a gated or private model needs HF_TOKEN set "
-                "to a token that may read it")
-    if answer.status_code == 404:
-        return f": no such model on the hub ({url} answered 404); check the name, or name a local folder"
     return None
