@@ -16,27 +16,50 @@ from throttle_sweep.errors import ConfigError
 
 # The sections of a configuration that decide what is measured (the rest says how to run or report it).
 MEASURED = ("backend", "engine", "baseline", "candidate", "workload", "cost", "fake")
-GROUPS = {"engine": ("engine", "workload"), "workload": ("workload",), "cost": ("cost",),
-          "experiment": MEASURED}  # a config group chosen on the command line and the sections it may set
-KEY = re.compile(r"^[+~]{0,2}([A-Za-z_][\w.]*)(?:@[\w.]+)?(?==|$)")
 
 
 def set_on_command_line(overrides: Iterable[str]) -> tuple[set[str], set[str]]:
-    """(whole sections, dotted keys) that `key=value` overrides set among MEASURED: a group chosen
-    (`engine=gpu`, `+experiment=demo`) may set any key of the sections it touches."""
+    """(whole sections, dotted keys) among MEASURED that the command line's overrides set: a key directly,
+    or the keys a chosen config file sets (`+experiment=demo`, `engine=gpu`), read from the file itself
+    (a section a file's own defaults choose, such as engine=gpu's workload, counts whole)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     sections: set[str] = set()
     keys: set[str] = set()
-    for override in overrides:
-        match = KEY.match(override)
-        if match is None:
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key.split(".")[0] not in MEASURED + ("experiment",):
             continue
-        key = match.group(1)
-        top = key.split(".")[0]
-        if "." not in key and top in GROUPS:
-            sections.update(GROUPS[top])
-        elif top in MEASURED:
+        found = None if "." in key or override.is_delete() else option_keys(key, str(override.value()))
+        if found is None:  # a value, or a file that cannot be found: take the section as set whole
             keys.add(key)
+        else:
+            sections.update(found[0])
+            keys.update(found[1])
     return sections, keys
+
+
+def option_keys(group: str, option: str) -> tuple[set[str], set[str]] | None:
+    """(whole sections, dotted keys) that config file `group/option.yaml` sets, or None if it is not one."""
+    import yaml
+    from hydra.core.hydra_config import HydraConfig
+
+    from throttle_sweep.__main__ import CONF_DIR
+
+    folders = [Path(CONF_DIR)]
+    if HydraConfig.initialized():  # the user's own config folders (hydra.searchpath) too
+        folders += [Path(s.path) for s in HydraConfig.get().runtime.config_sources if s.schema == "file"]
+    for folder in folders:
+        path = folder / group / f"{option}.yaml"
+        if path.is_file():
+            text = path.read_text()
+            tree = yaml.safe_load(text) or {}
+            chosen = {str(next(iter(d))).split(":")[0].removeprefix("override ").lstrip("/").split("@")[0]
+                      for d in tree.pop("defaults", []) if isinstance(d, Mapping)}
+            if "@package _global_" not in text.split("\n", 1)[0]:
+                tree = {group: tree}
+            return chosen & set(MEASURED), set(flatten(tree))
+    return None
 
 
 def lookup(tree: Mapping[str, Any], key: str) -> Any:

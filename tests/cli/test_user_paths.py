@@ -53,6 +53,8 @@ def test_export_serves_what_the_study_measured_whatever_the_command_line_compose
     ok(cli(tmp_path, "mode=export", "study.name=demo"))  # as the README writes it: no +experiment, no backend
     assert files(best) == before  # the same winner, the same engine: nothing rewritten
     assert not list(best.parent.glob("best.superseded-*"))
+    ok(cli(tmp_path, "mode=export", "study.name=demo", "+experiment=demo"))  # sets what the study measured
+    assert files(best) == before
 
     said = refused(cli(tmp_path, "mode=export", "study.name=demo", "engine.max_model_len=1024",
                        "workload.num_requests=64"))

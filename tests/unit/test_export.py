@@ -60,3 +60,14 @@ def test_overrides_compose_back_to_exactly_the_recorded_values():
     cfg = compose_cfg(*overrides_for({"backend": "fake", "engine": engine, "workload": workload}))
     assert plain(cfg.engine) == engine and "enforce_eager" not in plain(cfg.engine)
     assert {k: plain(cfg.workload)[k] for k in workload} == workload and cfg.backend == "fake"
+
+
+def test_the_command_line_sets_only_what_its_overrides_and_chosen_files_set():
+    from throttle_sweep.provenance import set_on_command_line
+
+    sections, keys = set_on_command_line(["+experiment=demo", "mode=export", "study.name=demo"])
+    assert not sections and "engine.max_model_len" in keys and "workload.num_requests" in keys
+    assert "backend" not in keys and "engine.model" not in keys  # the demo does not set them
+    sections, keys = set_on_command_line(["engine=gpu", "++engine.max_num_seqs=4", "~engine.seed", "backend=fake"])
+    assert sections == {"workload"}  # engine=gpu's own defaults choose workload=gpu
+    assert {"engine.model", "baseline.max_num_seqs", "engine.max_num_seqs", "engine.seed", "backend"} <= keys
