@@ -43,7 +43,7 @@ def test_reports_name_the_baseline_and_say_which_flags_are_vllms_defaults():
     from throttle_sweep.search.report import baseline_words
 
     assert baseline_words({"max_num_seqs": 1}) == (
-        "the baseline max_num_seqs=1 (max_num_batched_tokens: vLLM's default, as `vllm serve` resolves them)")
+        "the baseline max_num_seqs=1 (max_num_batched_tokens: vLLM's default, as `vllm serve` resolves it)")
     assert baseline_words({"max_model_len": 4096}) == ("the baseline (max_num_seqs, max_num_batched_tokens: vLLM's "
                                                        "defaults, as `vllm serve` resolves them)")
     assert baseline_words({"max_num_seqs": 8, "max_num_batched_tokens": 2048}) == (

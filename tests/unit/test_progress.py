@@ -69,9 +69,16 @@ class Watched:
         self.expected = runs
 
 
-def test_the_total_follows_what_runs_and_ends_at_the_count(tmp_path):
+def test_the_total_follows_what_runs_and_ends_at_the_count(tmp_path, monkeypatch):
     """Probes count (they are runs), comparisons stopped early give their unused runs back, and what was
     estimated but never started (a later confirmation round, trials answered by the probes) is dropped."""
+    seen, step = [], Progress.step
+
+    def watched(self, description):
+        seen.append((self.count + 1, self.planned + self.expected))  # the total before the display's clamp
+        step(self, description)
+
+    monkeypatch.setattr(Progress, "step", watched)
     console = Console(force_terminal=False, record=True, width=300)
     assert sweep_cmd.run(compose_cfg(*SWEEP, "study.name=count", tmp_path=tmp_path), console) == 0
     counted = [line for line in console.export_text().splitlines() if line.startswith("replicate ")]
@@ -80,6 +87,7 @@ def test_the_total_follows_what_runs_and_ends_at_the_count(tmp_path):
     for i, line in enumerate(counted, 1):
         count, total = line.split()[1].split("/")
         assert int(count) == i and int(total.lstrip("~")) >= i
+    assert len(seen) == runs and all(total >= count for count, total in seen), seen
 
 
 def test_a_confirmation_started_again_from_scratch_says_so():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SETTING = ("mode", "backend", "engine.", "baseline.", "candidate.", "workload.", "+experiment", "+space", "~space",
-           "space.", "cost.")
+           "space.", "cost.", "compare.")
 
 
 def examples() -> list[list[str]]:

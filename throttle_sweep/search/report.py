@@ -181,9 +181,9 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         cand = [cost for _, cost in result.winner.analysis.costs("candidate")]
         out.append(f"winner (every constraint kept; max {max_preemptions} preemptions): "
                    f"{fmt_params(result.winner.params)}: "
-                   f"{100 * (est.ratio - 1):+.1f}% cost vs {baseline_words(base)} (CI {100 * (est.ci_low - 1):+.1f}% to "
-                   f"{100 * (est.ci_high - 1):+.1f}%), ${min(cand):.4f}-${max(cand):.4f}/M output tokens in "
-                   "confirmation")
+                   f"{100 * (est.ratio - 1):+.1f}% cost (CI {100 * (est.ci_low - 1):+.1f}% to "
+                   f"{100 * (est.ci_high - 1):+.1f}%) vs {baseline_words(base)}, ${min(cand):.4f}-${max(cand):.4f}/M "
+                   "output tokens in confirmation")
         same = [t for t in result.study.get_trials(deepcopy=False)
                 if t.user_attrs.get("same_schedule_as") == f"trial {result.winner.source_trial}"]
         if same:
@@ -205,7 +205,8 @@ def baseline_words(baseline: Mapping[str, Any] | None) -> str:
         return "the baseline"
     given = " ".join(f"{k}={baseline[k]}" for k in BATCH if baseline.get(k) is not None)
     left = [k for k in BATCH if baseline.get(k) is None]
-    defaults = f"{', '.join(left)}: vLLM's default{'s' if len(left) > 1 else ''}, as `vllm serve` resolves them"
+    many = len(left) > 1
+    defaults = f"{', '.join(left)}: vLLM's default{'s' if many else ''}, as `vllm serve` resolves {'them' if many else 'it'}"
     return "the baseline" + (f" {given}" if given else "") + (f" ({defaults})" if left else "")
 
 
