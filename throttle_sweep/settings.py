@@ -171,6 +171,20 @@ def folder_name(name: str, *, key: str) -> str:
     return name
 
 
+TINY_KV = 64 << 20  # below this a KV cache is the embedded tiny model's size (tiny_cpu: 2.25 MiB), not a real model's
+
+
+def kv_size_note(flags: Mapping[str, Any], *, source: str) -> str | None:
+    """A named model with the embedded tiny model's KV cache size (engine=tiny_cpu's default) would fail to
+    start, or preempt from the first request, after its engine has loaded: say so before measuring."""
+    size = flags.get("kv_cache_memory_bytes")
+    if flags.get("model") is None or size is None or size >= TINY_KV:
+        return None
+    return (f"{source}.kv_cache_memory_bytes={size} ({size / (1 << 20):.2f} MiB) is sized for the embedded tiny "
+            f"model, not {flags['model']!r}: with engine=gpu vLLM sizes the KV cache from GPU memory "
+            "(kv_cache_memory_bytes=null); on the CPU build set a size that holds the work's requests")
+
+
 def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> str | None:
     """max_num_seqs above what a closed loop keeps in flight changes nothing: say so before measuring.
     `source` names where the value came from (an arm, the engine; a sweep clips its space instead)."""

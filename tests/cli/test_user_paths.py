@@ -210,6 +210,17 @@ def test_a_hub_model_that_cannot_be_reached_is_refused_before_any_engine_starts(
     assert time.monotonic() - began < 25  # vLLM itself retried for about 30 s once its engine had started
 
 
+def test_a_named_model_with_the_tiny_models_kv_cache_size_gets_a_note_before_measuring(tmp_path):
+    import shutil
+
+    from throttle_sweep.models import TINY_QWEN2
+
+    shutil.copytree(TINY_QWEN2, tmp_path / "my-model")
+    shown = ok(cli(tmp_path, "backend=fake", "engine.model=my-model", "workload.num_requests=8"))
+    assert "engine.kv_cache_memory_bytes=2359296 (2.25 MiB) is sized for the embedded tiny model" in shown
+    assert shown.index("kv_cache_memory_bytes=2359296") < shown.index("measuring")
+
+
 def test_a_sweep_refused_before_its_slots_start_leaves_the_studys_configuration_as_it_was(tmp_path):
     space = ["backend=fake", "+space=batching", "study.name=s", "study.n_trials=1", "space.max_num_seqs.high=4",
              "~space.max_num_batched_tokens", "study.confirm_top=0"]

@@ -25,6 +25,7 @@ from throttle_sweep.settings import (
     endpoint_arms,
     engine_from,
     few_replicates_note,
+    kv_size_note,
     plain,
     preflight,
     price_from,
@@ -72,8 +73,9 @@ def run(cfg: DictConfig, console: Console) -> int:
         for arm, flags in arms.items():
             preflight(engine, flags, spec, source=arm)
     for arm, flags in arms.items():
-        if (note := concurrency_note(flags, spec, source=arm)) is not None:
-            console.print(f"[yellow]note:[/] {note}", highlight=False)
+        for note in (concurrency_note(flags, spec, source=arm), kv_size_note(flags, source=arm)):
+            if note is not None:
+                console.print(f"[yellow]note:[/] {note}", highlight=False)
     order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed, lead=cfg.compare.lead)
     for note in (few_replicates_note(cfg.compare.replicates, key="compare.replicates"), shared_engine_note(warm)):
         if note is not None:

@@ -16,6 +16,7 @@ from throttle_sweep.settings import (
     concurrency_note,
     endpoint_arms,
     engine_from,
+    kv_size_note,
     plain,
     preflight,
     price_from,
@@ -31,8 +32,9 @@ def run(cfg: DictConfig, console: Console) -> int:
     else:
         flags = arm_flags(plain(cfg.engine))
         preflight(engine, flags, spec, source="engine")
-    if (note := concurrency_note(flags, spec, source="engine")) is not None:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for note in (concurrency_note(flags, spec, source="engine"), kv_size_note(flags, source="engine")):
+        if note is not None:
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
     out = run_dir(cfg)
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
         claim_run_folder(out, plain(cfg), "measure")

@@ -40,6 +40,7 @@ from throttle_sweep.settings import (
     engine_from,
     few_replicates_note,
     folder_name,
+    kv_size_note,
     plain,
     preflight,
     price_from,
@@ -152,8 +153,9 @@ def run(cfg: DictConfig, console: Console) -> int:
         console.print(f"[yellow]note:[/] {note}", highlight=False)  # the winner's interval is a confirmation's
     if (note := shared_engine_note(warm_engines_from(cfg))) is not None:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
-    if clip_note is not None:
-        console.print(f"[yellow]note:[/] {clip_note}", highlight=False)
+    for note in (clip_note, kv_size_note(baseline, source="baseline")):
+        if note is not None:
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
     with hold(out, what=f"study {name!r}"):  # one writer: records, study and leftovers are ours alone
         return run_locked(cfg, console, name=name, out=out, storage=storage, distributions=distributions,
                           base=base, baseline=baseline, spec=spec, engine=engine, price=price, settings=settings)
