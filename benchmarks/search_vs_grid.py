@@ -57,7 +57,7 @@ def run(results: Path, name: str, *overrides: str) -> tuple[tuple[int, int] | No
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import sweep as sweep_cmd
     from throttle_sweep.records import read_records
-    from throttle_sweep.search.driver import engine_seconds
+    from throttle_sweep.search.trials import engine_seconds
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = compose_cfg(*WORK, f"study.name={name}", *overrides, tmp_path=results)

@@ -26,7 +26,30 @@ def compose_cfg(*overrides: str, tmp_path: Path | None = None):
     return cfg
 
 
-class FakeOneSlot:
+class PoolBasics:
+    """What every pool answers besides `submit` and `wait` (pool.Pool), for the test pools: slots on
+    machines of their own, nothing held back."""
+
+    shares_machine = False
+
+    def written(self, job):
+        pass
+
+    def drain(self):
+        return []
+
+    def close(self):
+        pass
+
+
+def stage(next_comparison, finished, rest=lambda: 0):
+    """A runner.Stage from two functions."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(next=next_comparison, finished=finished, rest=rest)
+
+
+class FakeOneSlot(PoolBasics):
     """The smallest pool a Sweep runs on: one slot on the fake engine, each job measured when it is waited
     for. `tweak(job, record)` may change a record before the driver gets it (a failure, a count);
     `stop_after` jobs, the next wait raises KeyboardInterrupt (a Ctrl-C mid-sweep)."""

@@ -57,7 +57,7 @@ def inventory(records: Sequence[Mapping[str, Any]], *, stem: str) -> list[Entry]
 def abandoned(group: Sequence[Mapping[str, Any]], keys: set[str | None]) -> str | None:
     """Why these records are the part of a comparison that a later run started again, or None."""
     key = group[0].get("key")
-    if key is not None:  # a sweep's: one measured again from scratch runs under the next key (driver.retry_key)
+    if key is not None:  # a sweep's: one measured again from scratch runs under the next key (compare.retry_key)
         again = retry_key(key)
         if again in keys:
             return f"abandoned: {len(group)} runs, then measured again from scratch as {again}"

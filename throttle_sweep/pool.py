@@ -31,6 +31,7 @@ class Job:
 class Pool(Protocol):
     size: int
     slots: list[int]  # the slots alive now (a Ray slot whose node died can be retired)
+    shares_machine: bool  # the slots share one machine's cores: confirmations run alone
 
     def submit(self, job: Job) -> None: ...
     def wait(self) -> list[tuple[Job, dict[str, Any]]]: ...  # at least one finished job, with its record

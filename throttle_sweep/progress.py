@@ -4,7 +4,6 @@ above it; elsewhere (CI, logs, a pipe) plain lines, one per step."""
 
 from __future__ import annotations
 
-import re
 import time
 
 from rich.console import Console, Group
@@ -12,8 +11,6 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
-
-SLOT = re.compile(r" on slot (\S+)")
 
 
 class Progress:
@@ -62,7 +59,7 @@ class Progress:
     def counter(self) -> str:
         return f"{self.what} {self.count}/{'~' if self.expected else ''}{self.total}"
 
-    def step(self, description: str) -> None:
+    def step(self, description: str, slot: str | None = None) -> None:
         elapsed, eta = self._advance()
         self.console.print(f"[dim]{self.counter()}  elapsed {elapsed:.0f}s  ETA {eta}[/]  {description}",
                            highlight=False)
@@ -70,6 +67,9 @@ class Progress:
     def note(self, message: str) -> None:
         """Anything else worth saying (probe results, trial verdicts)."""
         self.console.print(message, highlight=False)
+
+    def best(self, point: str) -> None:
+        """The best feasible point so far (the trial's note says it already)."""
 
     def stop(self) -> None:
         pass
@@ -81,21 +81,23 @@ class LiveProgress(Progress):
     def __init__(self, console: Console, total: int, *, what: str = "replicate", best: bool = True) -> None:
         super().__init__(console, total, what=what)
         self.slots: dict[str, str] = {}
-        self.best = "none yet" if best else None  # a sweep's notion; a comparison has no best point
+        self.shown_best = "none yet" if best else None  # a sweep's notion; a comparison has no best point
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
         self.live.start()
 
-    def step(self, description: str) -> None:
+    def step(self, description: str, slot: str | None = None) -> None:
         self._advance()
-        slot = SLOT.search(description)
-        self.slots[slot.group(1) if slot else "0"] = SLOT.sub("", description)
+        self.slots[slot or "0"] = description.replace(f" on slot {slot}", "") if slot else description
         self.live.update(self._render())
 
     def note(self, message: str) -> None:
-        if "best so far: " in message and self.best is not None:
-            self.best = message.rsplit("best so far: ", 1)[1]
         self.console.print(message, highlight=False)
         self.live.update(self._render())
+
+    def best(self, point: str) -> None:
+        if self.shown_best is not None:
+            self.shown_best = point
+            self.live.update(self._render())
 
     def _render(self) -> Group:
         elapsed = time.monotonic() - self.began
@@ -103,8 +105,8 @@ class LiveProgress(Progress):
         head.add_row(ProgressBar(total=max(self.total, 1), completed=min(self.done, self.total), width=40),
                      Text(f"{self.counter()}  elapsed {elapsed:.0f}s  ETA {self.eta()}"))
         lines = [head, *(Text(f"  slot {slot}: {doing}", style="dim") for slot, doing in sorted(self.slots.items()))]
-        if self.best is not None:
-            lines.append(Text(f"  best feasible so far: {self.best}", style="bold"))
+        if self.shown_best is not None:
+            lines.append(Text(f"  best feasible so far: {self.shown_best}", style="bold"))
         return Group(*lines)
 
     def stop(self) -> None:

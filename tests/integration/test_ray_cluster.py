@@ -26,8 +26,9 @@ from rich.console import Console
 from tests.helpers import compose_cfg
 from throttle_sweep.cluster import belongs_to
 from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.compare import MAX_ATTEMPTS
 from throttle_sweep.records import read_records
-from throttle_sweep.search.driver import MAX_ATTEMPTS, measured
+from throttle_sweep.search.trials import measured
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import PoolBasics, compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.records import read_records
@@ -160,7 +160,7 @@ def test_a_two_knob_space_gets_a_boundary_for_each_setting_of_the_other_knob(tmp
             assert t.user_attrs["preemptions"] == 0
 
 
-class ParallelPool:
+class ParallelPool(PoolBasics):
     """Three slots on the noiseless fake that finish together: `wait` returns every job submitted."""
 
     slots, size = [0, 1, 2], 3
@@ -190,7 +190,8 @@ class ParallelPool:
 
 
 def test_probes_use_every_free_slot_in_each_round():
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     pool = ParallelPool()
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
@@ -198,14 +199,15 @@ def test_probes_use_every_free_slot_in_each_round():
                   base_flags=flags, baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=pool,
                   write=lambda r: None, existing=[], settings=SweepSettings(boundary_knob="max_num_seqs"))
     sweep.find_boundaries()
-    (found,) = sweep.study.user_attrs["boundaries"]
+    (found,) = sweep.view.study.user_attrs["boundaries"]
     assert found["exact"] and found["settled"]
     # the baseline and both ends at once, then rounds of 3 points (64 -> 16 -> 4 -> 1 values), then the recheck
     assert len(pool.rounds) <= 6 and max(pool.rounds) == 3, pool.rounds
 
 
 def probe_sweep(distributions):
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     pool = ParallelPool()
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
@@ -213,7 +215,7 @@ def probe_sweep(distributions):
                   baseline_flags={**flags, "max_num_seqs": 1}, workload_key={}, pool=pool, write=lambda r: None,
                   existing=[], settings=SweepSettings(boundary_knob="max_num_seqs"))
     sweep.find_boundaries()
-    return sweep.study.user_attrs["boundaries"], sum(pool.rounds)
+    return sweep.view.study.user_attrs["boundaries"], sum(pool.rounds)
 
 
 def test_a_knob_that_does_not_move_the_boundary_costs_two_probes_a_setting():
@@ -299,7 +301,8 @@ def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedul
 
 def probed_sweep(distributions):
     """A driver whose probes have run (the noiseless fake, three slots at once), nothing else measured yet."""
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
     sweep = Sweep(study=optuna.create_study(), distributions=distributions, base_flags=flags,
@@ -311,11 +314,11 @@ def probed_sweep(distributions):
 
 
 def told(sweep, params, state, **attrs):
-    sweep.study.enqueue_trial(params)
-    trial = sweep.study.ask(sweep.distributions)
+    sweep.view.study.enqueue_trial(params)
+    trial = sweep.view.study.ask(sweep.view.distributions)
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
-    sweep.study.tell(trial, 0.5 if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+    sweep.view.study.tell(trial, 0.5 if state == optuna.trial.TrialState.COMPLETE else None, state=state)
 
 
 def test_the_point_after_a_repeating_sampler_is_never_one_whose_own_comparison_already_ended():
@@ -323,14 +326,14 @@ def test_the_point_after_a_repeating_sampler_is_never_one_whose_own_comparison_a
     nothing for the sampler, but offering that point again after a repeating sampler would measure it again
     and again, nearest the boundary as it is, until the budget is gone."""
     sweep = probed_sweep({"max_num_seqs": IntDistribution(1, 32)})
-    edge = sweep.nearest_unanswered()
+    edge = sweep.view.nearest_unanswered()
     assert edge is not None
     told(sweep, edge, optuna.trial.TrialState.FAIL, reason="token counts differ")
-    after = sweep.nearest_unanswered()
+    after = sweep.view.nearest_unanswered()
     assert after is not None and after != edge and after["max_num_seqs"] == edge["max_num_seqs"] - 1
     # a comparison stopped by a failing baseline (or a lost slot) answers nothing: its point stays on offer
     told(sweep, after, optuna.trial.TrialState.FAIL, blame="baseline", reason="the baseline failed")
-    assert sweep.nearest_unanswered() == after
+    assert sweep.view.nearest_unanswered() == after
 
 
 def test_a_token_budget_whose_probes_show_another_schedule_is_a_new_configuration():
@@ -339,13 +342,13 @@ def test_a_token_budget_whose_probes_show_another_schedule_is_a_new_configuratio
     other a new configuration worth its own comparison; a budget whose schedule nothing shows is offered after."""
     tokens = CategoricalDistribution([16, 8192])
     sweep = probed_sweep({"max_num_seqs": IntDistribution(1, 32), "max_num_batched_tokens": tokens})
-    first = sweep.nearest_unanswered()
+    first = sweep.view.nearest_unanswered()
     edge = first["max_num_seqs"]
     other = {**first, "max_num_batched_tokens": 8192 if first["max_num_batched_tokens"] == 16 else 16}
-    a, b = (sweep.candidate_flags(p) for p in (first, other))
-    assert sweep.schedules.fingerprint(a) and sweep.schedules.fingerprint(b) and not sweep.schedules.same(a, b)
+    a, b = (sweep.view.candidate_flags(p) for p in (first, other))
+    assert sweep.view.schedules.fingerprint(a) and sweep.view.schedules.fingerprint(b) and not sweep.view.schedules.same(a, b)
     told(sweep, first, optuna.trial.TrialState.COMPLETE, ratio=0.5)
-    assert sweep.nearest_unanswered() == other, edge
+    assert sweep.view.nearest_unanswered() == other, edge
 
 
 def reference_sweep(tmp_path, name, *overrides):
@@ -421,7 +424,8 @@ def test_a_reference_that_preempts_in_a_search_comparison_answers_nothing():
     """The reference is clean by its probes, not by law: where its arm preempts in a comparison, its cost is
     inflated and the ratio flatters the candidate. That comparison answers nothing (blamed on the yardstick,
     the point stays on offer) instead of ranking the candidate on it."""
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -434,4 +438,4 @@ def test_a_reference_that_preempts_in_a_search_comparison_answers_nothing():
     compared = [t for t in study.trials if t.user_attrs.get("comparison") and t.user_attrs.get("source") is None]
     assert compared and all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["blame"] == "baseline"
                             and "the reference preempted" in t.user_attrs["reason"] for t in compared)
-    assert result.winner is not None and result.winner.params == sweep.reference  # confirmed against the baseline
+    assert result.winner is not None and result.winner.params == sweep.view.findings.reference  # confirmed against the baseline

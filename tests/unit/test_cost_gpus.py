@@ -35,10 +35,12 @@ def test_the_dollar_budget_counts_every_gpu_a_record_was_charged_for():
     import optuna
 
     from throttle_sweep.pool import LocalPool
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.budget import budget_left
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     hour_on = [{"wall_s": 1800.0, "gpus": 2}, {"wall_s": 1800.0, "gpus": 2}]  # two engine half-hours on 2 GPUs each
     settings = SweepSettings(n_trials=10, budget_usd=1.5, usd_per_gpu_hour=1.0)
     sweep = Sweep(study=optuna.create_study(), distributions={}, base_flags={}, baseline_flags={}, workload_key={},
                   pool=LocalPool(lambda *a: {}), write=lambda r: None, existing=hour_on, settings=settings)
-    assert sweep.budget_left() == "dollar budget spent ($2.0000 of $1.5 at the assumed price)"  # 2 GPU-hours
+    assert budget_left(sweep.runner, None) == "dollar budget spent ($2.0000 of $1.5 at the assumed price)"  # 2 GPU-hours

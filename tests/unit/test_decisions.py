@@ -20,7 +20,8 @@ from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.schedule import make_schedule
-from throttle_sweep.search.driver import Sweep, SweepSettings
+from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.options import SweepSettings
 from throttle_sweep.search.report import boundary
 from throttle_sweep.search.winner import Confirmation, choose_winner
 from throttle_sweep.stats import CHEAPER, NO_DIFFERENCE, Observation, Thresholds, decide, estimate
@@ -191,6 +192,7 @@ def test_a_standard_error_that_is_only_rounding_noise_counts_as_zero():
     assert est.p_value == 0.0 and est.ci_low == est.ci_high == pytest.approx(0.9)
 
 
+@pytest.mark.calibration
 def test_the_winner_rule_picks_the_true_best_and_rarely_names_a_wrong_one_alone():
     """Three confirmed candidates, true ratios 0.95 / 0.97 / 0.99, 1% noise, abba x4 with +27% drift,
     Bonferroni for 3: the rule must pick 0.95 in >= 90% of runs, and name another as the sole winner (no tie

@@ -26,7 +26,8 @@ from throttle_sweep.engines import FakeKnobs
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.records import read_records
 from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_schedule, make_schedule
-from throttle_sweep.search.driver import Sweep, SweepSettings
+from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.options import SweepSettings
 from throttle_sweep.search.winner import Confirmation, cheaper_than
 from throttle_sweep.stats import (
     CHEAPER,
@@ -95,6 +96,7 @@ N_SIM = 2000
 MC_SLACK = 3 * math.sqrt(0.025 * 0.975 / N_SIM)
 
 
+@pytest.mark.calibration
 @pytest.mark.parametrize("kind", ["none", "first measured run 10% slow", "curvature 3%", "alternation 1.1%"])
 def test_each_candidates_view_of_a_joint_schedule_is_calibrated(kind):
     """A/A for two candidates sharing the baseline's runs (4 each, a warm-up run, the turn rotating over the
@@ -137,6 +139,7 @@ def confirmed(records, trial, adjusted):
                         adjusted=Analysis(quoted.verdict, quoted, view, {}), family=2, shared=[0, 1])
 
 
+@pytest.mark.calibration
 def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directly():
     """Bonferroni for 2: a true 5% saving at 1% noise is CHEAPER in >= 95% of runs. The winner rule contrasts
     two candidates confirmed together directly (their runs share the baseline's, whose noise a contrast of

@@ -13,7 +13,7 @@ import optuna
 import pytest
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import PoolBasics, compose_cfg, stage
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines.host import EngineHost
 from throttle_sweep.errors import ConfigError
@@ -155,7 +155,7 @@ def test_a_sweep_on_two_slots_keeps_each_comparison_on_one_slot_and_both_busy(tm
         study_name="one", storage=f"sqlite:///{tmp_path / 'one' / 'study.db'}").user_attrs["boundaries"]]
 
 
-class BothAtOnce:
+class BothAtOnce(PoolBasics):
     """Two slots whose replicates finish together: `wait` returns both; one more sits done in `drain`."""
 
     size, slots = 2, [0, 1]
@@ -179,7 +179,8 @@ class BothAtOnce:
 
 
 def probe_driver(pool, written):
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     flags = {"max_model_len": 1024}
     return Sweep(study=optuna.create_study(), distributions={"max_num_seqs": optuna.distributions.IntDistribution(1, 8)},
@@ -191,19 +192,19 @@ def test_a_run_that_stops_on_one_record_of_a_batch_still_writes_the_others():
     """Two slots finish at once and acting on the first stops the run (a failed baseline, Ctrl-C): the second
     record was measured, so it is written too, and so is one another slot finished while the driver worked."""
     from throttle_sweep.schedule import CANDIDATE
-    from throttle_sweep.search.driver import SweepStopped
+    from throttle_sweep.search.runner import SweepStopped
 
     written = []
     late = {"status": "ok", "comparison": "late", "position": 0, "slot": "s1"}
     sweep = probe_driver(BothAtOnce(late), written)
-    comps = iter([sweep.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
+    comps = iter([sweep.runner.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
                                    order=[CANDIDATE]) for slot, n in ((0, 2), (1, 3))])
 
     def finish(comp):
         raise SweepStopped("the baseline failed")
 
     with pytest.raises(SweepStopped):
-        sweep.run_comparisons(lambda slot: next(comps, None), finish)
+        sweep.runner.run(stage(lambda slot: next(comps, None), finish))
     assert sorted(r["slot"] for r in written) == ["s0", "s1", "s1"] and late in written
 
 
@@ -257,11 +258,11 @@ def test_a_ctrl_c_while_the_driver_writes_a_batch_loses_none_of_its_records():
             os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at the next bytecode
 
     sweep = probe_driver(BothAtOnce(), written)
-    sweep._write = write  # noqa: SLF001 - the log's append
-    comps = iter([sweep.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
+    sweep.runner._write = write  # noqa: SLF001 - the log's append
+    comps = iter([sweep.runner.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
                                    order=[CANDIDATE]) for slot, n in ((0, 2), (1, 3))])
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_comparisons(lambda slot: next(comps, None), lambda comp: None)
+        sweep.runner.run(stage(lambda slot: next(comps, None), lambda comp: None))
     assert sorted(r["slot"] for r in written) == ["s0", "s1"]
 
 
@@ -303,11 +304,11 @@ def test_after_a_write_that_failed_nothing_more_is_appended():
         raise OSError(28, "No space left on device")
 
     sweep = probe_driver(BothAtOnce({"status": "ok", "comparison": "late", "position": 0, "slot": "s9"}), [])
-    sweep._write = write  # noqa: SLF001 - the log's append
-    comps = iter([sweep.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
+    sweep.runner._write = write  # noqa: SLF001 - the log's append
+    comps = iter([sweep.runner.comparison(f"probe {n}", "probe", {}, 1, slot, arms={CANDIDATE: {"max_num_seqs": n}},
                                    order=[CANDIDATE]) for slot, n in ((0, 2), (1, 3))])
     with pytest.raises(OSError):
-        sweep.run_comparisons(lambda slot: next(comps, None), lambda comp: None)
+        sweep.runner.run(stage(lambda slot: next(comps, None), lambda comp: None))
     assert attempts == ["s0"]
 
 

@@ -8,8 +8,8 @@ from rich.console import Console
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.records import read_records
-from throttle_sweep.search.driver import engine_seconds
 from throttle_sweep.search.plan import project
+from throttle_sweep.search.trials import engine_seconds
 
 
 def test_the_projection_counts_each_arm_at_its_own_run_time():

@@ -37,10 +37,10 @@ def test_the_display_follows_the_console():
     live = progress_for(Console(force_terminal=True, record=True), 4)
     try:
         assert isinstance(live, LiveProgress)
-        live.step("search trial-1: candidate replicate at position 1/4 on slot 1")
-        live.note("trial 1 {'max_num_seqs': 4}: ratio 0.5 [0.4, 0.6] CHEAPER, feasible; best so far: {'max_num_seqs': 4}")
+        live.step("search trial-1: candidate replicate at position 1/4 on slot 1", slot="1")
+        live.best("{'max_num_seqs': 4}")
         assert live.slots == {"1": "search trial-1: candidate replicate at position 1/4"}
-        assert live.best == "{'max_num_seqs': 4}"
+        assert live.shown_best == "{'max_num_seqs': 4}"
     finally:
         live.stop()
 
@@ -55,7 +55,10 @@ class Watched:
     def note(self, message):
         self.notes.append(message)
 
-    def step(self, description):
+    def best(self, point):
+        pass
+
+    def step(self, description, slot=None):
         self.started += 1
         self.totals.append(self.planned + self.expected)
 
@@ -74,9 +77,9 @@ def test_the_total_follows_what_runs_and_ends_at_the_count(tmp_path, monkeypatch
     estimated but never started (a later confirmation round, trials answered by the probes) is dropped."""
     seen, step = [], Progress.step
 
-    def watched(self, description):
+    def watched(self, description, slot=None):
         seen.append((self.count + 1, self.planned + self.expected))  # the total before the display's clamp
-        step(self, description)
+        step(self, description, slot)
 
     monkeypatch.setattr(Progress, "step", watched)
     console = Console(force_terminal=False, record=True, width=300)

@@ -8,7 +8,7 @@ from collections import Counter
 import optuna
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import PoolBasics, compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
@@ -185,7 +185,7 @@ def test_without_a_baseline_probe_nothing_is_told_the_baselines_answer(tmp_path)
     assert at_one and all("p95_itl_s" in t.user_attrs for t in at_one)
 
 
-class TwoSlots:
+class TwoSlots(PoolBasics):
     """Two slots on the fake engine, in this process: each `wait` answers the oldest job, so two comparisons
     advance side by side as on two GPUs."""
 

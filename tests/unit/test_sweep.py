@@ -15,7 +15,7 @@ import optuna
 import pytest
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import PoolBasics, compose_cfg
 from throttle_sweep.commands import export as export_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.cost import Price
@@ -213,7 +213,8 @@ def pareto_of(points):
     from optuna.trial import create_trial
 
     from throttle_sweep.pool import LocalPool
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     for i, (ratio, latency, ok) in enumerate(points):
@@ -223,7 +224,7 @@ def pareto_of(points):
     sweep = Sweep(study=study, distributions={}, base_flags={}, baseline_flags={}, workload_key={},
                   pool=LocalPool(lambda *a: {}), write=lambda r: None, existing=[],
                   settings=SweepSettings(multi_objective=True))
-    return [t.params["max_num_seqs"] - 1 for t in sweep.pareto()]
+    return [t.params["max_num_seqs"] - 1 for t in sweep.view.pareto()]
 
 
 def test_pareto_front_keeps_trade_offs_drops_dominated_and_infeasible_points():
@@ -306,7 +307,7 @@ def test_a_latency_limit_is_a_constraint_like_preemption(tmp_path):
     assert winner.values[0] == pytest.approx(min(t.values[0] for t in fast))
 
 
-class LosingPool:
+class LosingPool(PoolBasics):
     """Two slots measuring on the fake engine; the node under slot 1 'dies' on its `lose_at`-th job (an
     infrastructure failure), after which slot 1 is retired, or every slot if `lose_all`."""
 
@@ -340,7 +341,8 @@ class LosingPool:
 
 
 def losing_sweep(pool):
-    from throttle_sweep.search.driver import Sweep, SweepSettings
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for n in (2, 3, 4, 5):
@@ -369,12 +371,12 @@ def test_a_comparison_whose_slot_is_lost_starts_again_on_a_live_slot_and_nothing
 
 
 def test_losing_every_slot_stops_the_sweep_with_everything_measured_kept():
-    from throttle_sweep.search.driver import NoSlotsLeft
+    from throttle_sweep.search.runner import NoSlotsLeft
 
     sweep, written = losing_sweep(LosingPool(lose_at=2, lose_all=True))
     with pytest.raises(NoSlotsLeft, match="run the same command again"):
         sweep.run()
-    assert written and sweep.records == written
+    assert written and sweep.runner.records == written
 
 
 def test_a_failed_replicate_keeps_the_sweep_stage_it_belongs_to_and_says_where_it_failed(tmp_path):

@@ -12,11 +12,14 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
+from tests.helpers import PoolBasics
 from throttle_sweep.compare import MAX_ATTEMPTS, settle
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.measure import measure_replicate, record_header
-from throttle_sweep.search.driver import BaselineFails, Sweep, SweepSettings
+from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.options import SweepSettings
+from throttle_sweep.search.runner import BaselineFails
 from throttle_sweep.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
@@ -24,7 +27,7 @@ BASE = {"max_model_len": 1024}
 BASELINE = {**BASE, "max_num_seqs": 1}
 
 
-class ScriptedPool:
+class ScriptedPool(PoolBasics):
     """`slots` slots measuring on the noiseless fake; `script(job, n)` may return a record to use instead of a
     measurement (a fault), or raise (the driver is interrupted there). n counts jobs from 1."""
 

@@ -25,15 +25,12 @@ from throttle_sweep.provenance import claim_run_folder, differences, has_records
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.boundary import choose_knob, ordered
-from throttle_sweep.search.driver import (
-    Sweep,
-    SweepSettings,
-    SweepStopped,
-    resume_key,
-    same_yardstick,
-)
+from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.options import SweepSettings
 from throttle_sweep.search.report import baseline_words, lines, write_report
+from throttle_sweep.search.runner import SweepStopped
 from throttle_sweep.search.space import build_space, grid, within_in_flight
+from throttle_sweep.search.trials import resume_key, same_yardstick
 from throttle_sweep.settings import (
     arm_flags,
     endpoint_arms,
@@ -90,7 +87,7 @@ def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool,
 
     if kind == "tpe":
         startup = max(3, min(10, cfg.study.n_trials // 3))
-        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (search/driver.py)
+        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (search/trials.py)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=parallel)
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
@@ -287,7 +284,7 @@ def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: 
                      else "") + f"{baseline_words(baseline)}, flags {baseline}; study {storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
-    progress = progress_for(console, 0)  # the driver plans its runs as it goes (driver.SweepProgress)
+    progress = progress_for(console, 0)  # the driver plans its runs as it goes (search/events.py)
     sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
                   workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
                   write=log.append, existing=log.records, settings=settings,

@@ -242,7 +242,8 @@ def describe(summary: Mapping[str, Any], predicted: int | None = None) -> str:
         text = (f"preemption along {knob}{given} is not deterministic here (a repeated probe disagreed: "
                 f"{'; '.join(f'{v}: {c}' for v, c in probes.items())}); feasibility is judged from replicates")
     elif summary["last_clean"] is None:
-        text = f"every {knob}{given} preempts ({summary['low']} to {summary['high']}): the boundary lies outside the range"
+        text = (f"every {knob}{given} preempts ({summary['low']} to {summary['high']}): the boundary lies outside "
+                "the range")
     elif summary["first_preempting"] is None:
         text = (f"no preemption at any {knob}{given} ({summary['low']} to {summary['high']}): the boundary lies "
                 "outside the range")

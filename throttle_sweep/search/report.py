@@ -12,8 +12,9 @@ from optuna.trial import TrialState
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe, ordered
-from throttle_sweep.search.driver import SweepResult, cost, feasible
-from throttle_sweep.search.winner import WINNER_RULE
+from throttle_sweep.search.driver import SweepResult
+from throttle_sweep.search.trials import cost, feasible
+from throttle_sweep.search.winner import WINNER_RULE, Confirmation
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
@@ -91,6 +92,68 @@ def yardstick(study: optuna.Study) -> str:
     return f"reference {fmt_params(ref.params)}" if ref is not None else "baseline"
 
 
+def row_cells(r: dict[str, Any], versus: str) -> tuple[str, str, str]:
+    """A trial row's cost, ratio and status, as the table shows them for where its answer came from."""
+    usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
+    ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] and r["ci"] else "-"
+    status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
+    reason = r["reason"]
+    if r["source"] == "probe":
+        probes = "probe" if versus == "baseline" else "probes"
+        status = f"infeasible (one probe run; ratio to the {versus.split(' ')[0]}'s {probes})"
+        ratio = f"{r['ratio']:.3f} (probe)"
+    elif r["source"] == "schedule":
+        status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "
+                  "(not measured again)")
+        ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('the ')})"
+    elif r["source"] == "reference":
+        status, ratio = "the search's reference: its ratios are to this point (probed clean twice)", "1 (reference)"
+    elif r["source"] == "boundary":
+        status, ratio, usd, reason = "infeasible (beyond the probed boundary: not run)", "-", "-", None
+    elif r["stopped"]:
+        status += f" (stopped early: {r['stopped']})"
+    if reason:
+        status += f": {reason[:80]}"
+    return usd, ratio, status
+
+
+def preemption_allowed(study: optuna.Study, versus: str) -> list[str]:
+    """For information: the cheapest point that preempted, if any."""
+    trials = study.get_trials(deepcopy=False)
+    infeasible = [t for t in trials if t.state == TrialState.COMPLETE and not feasible(t)]
+    if not infeasible:
+        return []
+    cheapest = min(infeasible, key=cost)
+    best = min((t for t in trials if feasible(t)), key=cost, default=None)
+    note = ""
+    if best is not None and cost(cheapest) < cost(best):
+        note = (" - cheaper than the best feasible point: recomputation is cheap on this engine, but "
+                "preemption costs tail latency, so it stays excluded")
+    return [f"for information, cheapest with preemption allowed: {fmt_params(cheapest.params)} ratio "
+            f"{cost(cheapest):.3f}{'' if versus == 'baseline' else ' to the ' + versus} with "
+            f"{cheapest.user_attrs['preemptions']} preemptions per replicate{note}"]
+
+
+def confirmation_line(c: Confirmation) -> str:
+    quoted = c.adjusted or c.analysis
+    est = quoted.estimate
+    line = f"confirm trial {c.source_trial} {fmt_params(c.params)}: "
+    if est is None:
+        line += quoted.verdict
+    else:
+        looks = f" x {c.looks} looks" if c.looks > 1 else ""
+        line += (f"ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}] (Bonferroni-adjusted for "
+                 f"{c.family} confirmed{looks}), {quoted.verdict}")
+        if c.stopped:
+            line += f", stopped at {len(c.analysis.records)} runs ({c.stopped})"
+        if c.shared:
+            others = ", ".join(str(n) for n in c.shared if n != c.source_trial)
+            line += f"; baseline runs shared with trial {others}"
+    if c.broken:
+        line += f"; cannot win: {'; '.join(c.broken)}"
+    return line
+
+
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     rows = trial_rows(result.study)
     versus = yardstick(result.study)
@@ -102,25 +165,7 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     for r in rows:
         if r["duplicate_of"] is not None:
             continue
-        usd = f"{r['usd_per_mtok']:.4f}" if r["usd_per_mtok"] else "-"
-        ratio = f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ratio"] and r["ci"] else "-"
-        status = r["status"] if r["feasible"] or r["status"] != "ok" else "infeasible"
-        if r["source"] == "probe":
-            status = f"infeasible (one probe run; ratio to the {versus.split(' ')[0]}'s probe{'s' if versus != 'baseline' else ''})"
-            ratio = f"{r['ratio']:.3f} (probe)"
-        elif r["source"] == "schedule":
-            status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "
-                      "(not measured again)")
-            ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('the ')})"
-        elif r["source"] == "reference":
-            status, ratio = "the search's reference: its ratios are to this point (probed clean twice)", "1 (reference)"
-        elif r["source"] == "boundary":
-            status, ratio, usd = "infeasible (beyond the probed boundary: not run)", "-", "-"
-            r = {**r, "reason": None}
-        elif r["stopped"]:
-            status += f" (stopped early: {r['stopped']})"
-        if r["reason"]:
-            status += f": {r['reason'][:80]}"
+        usd, ratio, status = row_cells(r, versus)
         slot = f"{r['ran_on'] or '-':<26}" if many else ""
         out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
                    f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {slot}{status}")
@@ -131,7 +176,8 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     level = "/".join(f"{100 * (1 - a):g}%" for a in levels) or "95%"
     out.append(f"($ per million output tokens, {BASIS_LABEL[result.cost_basis]}, {price.label()}; "
                f"ratio = candidate/{versus}, drift-aware, {level} intervals"
-               + (": alpha split over the looks a screen may take)" if any((r["looks"] or 1) > 1 for r in rows) else ")"))
+               + (": alpha split over the looks a screen may take)" if any((r["looks"] or 1) > 1 for r in rows)
+                  else ")"))
     if versus != "baseline":
         out.append(f"(the search compared candidates against the {versus}, fast and clean; the confirmations "
                    "below measure against the baseline)")
@@ -141,36 +187,8 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         out += [f"  trial {t.number:>3} {fmt_params(t.params):<40} ratio {cost(t):.3f} "
                 f"[{t.user_attrs['ci'][0]:.3f}, {t.user_attrs['ci'][1]:.3f}]  p95 E2E {t.values[1]:.3f} s"
                 for t in result.pareto]
-    infeasible = [t for t in result.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
-                  and not feasible(t)]
-    if infeasible:
-        cheapest = min(infeasible, key=cost)
-        best = min((t for t in result.study.get_trials(deepcopy=False) if feasible(t)), key=cost,
-                   default=None)
-        note = ""
-        if best is not None and cost(cheapest) < cost(best):
-            note = (" - cheaper than the best feasible point: recomputation is cheap on this engine, but "
-                    "preemption costs tail latency, so it stays excluded")
-        out.append(f"for information, cheapest with preemption allowed: {fmt_params(cheapest.params)} ratio "
-                   f"{cost(cheapest):.3f}{'' if versus == 'baseline' else ' to the ' + versus} with {cheapest.user_attrs['preemptions']} preemptions per replicate{note}")
-    for c in result.confirmations:
-        quoted = c.adjusted or c.analysis
-        est = quoted.estimate
-        line = f"confirm trial {c.source_trial} {fmt_params(c.params)}: "
-        if est is None:
-            line += quoted.verdict
-        else:
-            looks = f" x {c.looks} looks" if c.looks > 1 else ""
-            line += (f"ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}] (Bonferroni-adjusted for "
-                     f"{c.family} confirmed{looks}), {quoted.verdict}")
-            if c.stopped:
-                line += f", stopped at {len(c.analysis.records)} runs ({c.stopped})"
-            if c.shared:
-                others = ", ".join(str(n) for n in c.shared if n != c.source_trial)
-                line += f"; baseline runs shared with trial {others}"
-        if c.broken:
-            line += f"; cannot win: {'; '.join(c.broken)}"
-        out.append(line)
+    out.extend(preemption_allowed(result.study, versus))
+    out.extend(confirmation_line(c) for c in result.confirmations)
     if result.confirmations:
         out.append(WINNER_RULE)
     if result.tied:
@@ -206,7 +224,8 @@ def baseline_words(baseline: Mapping[str, Any] | None) -> str:
     given = " ".join(f"{k}={baseline[k]}" for k in BATCH if baseline.get(k) is not None)
     left = [k for k in BATCH if baseline.get(k) is None]
     many = len(left) > 1
-    defaults = f"{', '.join(left)}: vLLM's default{'s' if many else ''}, as `vllm serve` resolves {'them' if many else 'it'}"
+    defaults = (f"{', '.join(left)}: vLLM's default{'s' if many else ''}, as `vllm serve` resolves "
+                f"{'them' if many else 'it'}")
     return "the baseline" + (f" {given}" if given else "") + (f" ({defaults})" if left else "")
 
 
@@ -229,7 +248,8 @@ def mark_boundary_and_winner(ax: Any, study: optuna.Study, flag: str) -> None:
                    label="preemption starts (probes)" if i == 0 else None)
     winner = (study.user_attrs.get("winner") or {}).get("params") or {}
     if flag in winner and not isinstance(winner[flag], str | bool):
-        ax.axvline(winner[flag], color="tab:blue", linestyle="--", linewidth=1.2, label=f"winner ({flag}={winner[flag]})")
+        ax.axvline(winner[flag], color="tab:blue", linestyle="--", linewidth=1.2,
+                   label=f"winner ({flag}={winner[flag]})")
 
 
 def plot(out: Path, study: optuna.Study) -> list[str]:

@@ -5,17 +5,16 @@ A comparison is planned to its maximum (compare.replicates per arm) and looked a
 looks tests at alpha / L, so the chance of a false verdict at any look is at most alpha (Bonferroni over
 looks: the simplest valid alpha spending, whatever the stopping rule; calibration tests simulate it with
 drift). A search comparison screens: it is looked at after every B C C B block. Its first look (2 runs per
-arm, 1 residual df) cannot see curvature in the drift, which a single block confounds with the arm; that
-is tolerable for a screen, because confirmation decides. A confirmation is looked at only after complete
-B C C B C B B C pairs, which are balanced against linear drift, curvature and an odd/even rhythm. A search comparison stops when its
-verdict against the baseline is decided and its rank against the best feasible candidate so far is too
-(clearly cheaper or clearly pricier, or out of reach of the planned runs: confirmation ranks those), or when
-it can no longer win (PRICIER, NO DIFFERENCE, or clearly pricier than the best). Against the search's
+arm, 1 residual df) cannot see curvature in the drift, which a single block confounds with the arm; that is
+tolerable for a screen, because confirmation decides. A confirmation is looked at only after complete B C C B
+C B B C pairs, which are balanced against linear drift, curvature and an odd/even rhythm. A search comparison
+stops when its verdict against the baseline is decided and its rank against the best feasible candidate so far
+is too (clearly cheaper or clearly pricier, or out of reach of the planned runs: confirmation ranks those), or
+when it can no longer win (PRICIER, NO DIFFERENCE, or clearly pricier than the best). Against the search's
 reference (a feasible candidate, not the baseline) only the rank matters: PRICIER or clearly pricier ends it,
 and an open verdict stops once its rank is out of reach (from the second look on: one residual df says too
-little of the noise). A confirmation stops when its (also family-adjusted) verdict is decided, unless it
-must still be told apart from other confirmed savings.
-"""
+little of the noise). A confirmation stops when its (also family-adjusted) verdict is decided, unless it must
+still be told apart from other confirmed savings."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from scipy import stats as sps
+from scipy import special
 
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.stats import CHEAPER, INCONCLUSIVE, NO_DIFFERENCE, PRICIER, Thresholds, clearly_lower
@@ -78,7 +77,7 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
     if not needs_saving and best is not None and verdict != CHEAPER:
         if estimate.df < 2:  # one residual df (the first B C C B block) says too little of the noise to give up on
             return None
-        reach = sps.norm.ppf(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
+        reach = special.ndtri(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
         if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
             return "its rank against the best so far cannot be decided within the plan: confirmation decides"
         return None
@@ -87,7 +86,7 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
             return "CHEAPER, and the first feasible saving"
         if clearly_lower(estimate, best, alpha):  # type: ignore[arg-type]
             return "CHEAPER, and clearly cheaper than the best feasible candidate so far"
-        reach = sps.norm.ppf(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
+        reach = special.ndtri(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
         if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
             return "CHEAPER; its rank against the best so far cannot be decided within the plan: confirmation decides"
     return None

@@ -38,50 +38,54 @@ def build_space(space: Mapping[str, Any], flag_schema: Mapping[str, Any], *, sou
     """Check every entry and return flag -> Optuna distribution; ConfigError names source and key."""
     if not space:
         raise ConfigError(f"{source}: the search space is empty")
-    out: dict[str, od.BaseDistribution] = {}
-    for flag, entry in space.items():
-        where = f"{source}: {flag}"
-        if not isinstance(entry, Mapping):
-            raise ConfigError(f"{where} must be a mapping with a 'type', but got {entry!r}")
-        kind = entry.get("type")
-        if kind is None:
-            stray = sorted(set(entry) - set().union(*ALLOWED_KEYS.values()))
-            raise ConfigError(f"{where} has no 'type' (one of {', '.join(KINDS)})"
-                              + (f"; unknown key(s) {stray}" + _nearest(stray) if stray else ""))
-        if kind not in KINDS:
-            raise ConfigError(f"{where}.type must be one of {', '.join(KINDS)}, but got {kind!r}")
-        extra = set(entry) - ALLOWED_KEYS[kind]
-        if extra:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(extra)} for type {kind} "
-                              f"(allowed: {sorted(ALLOWED_KEYS[kind])}){_nearest(sorted(extra))}")
-        if kind == "categorical":
-            choices = entry.get("choices")
-            if not isinstance(choices, list | tuple) or not choices:
-                raise ConfigError(f"{where}.choices must be a non-empty list, but got {choices!r}")
-            for choice in choices:
-                check_flags({flag: choice}, flag_schema, source=where)
-            out[flag] = od.CategoricalDistribution(list(choices))
-            continue
-        low, high, step, log = entry.get("low"), entry.get("high"), entry.get("step"), bool(entry.get("log", False))
-        for key, value in (("low", low), ("high", high)):
-            if not _number(value, kind):
-                raise ConfigError(f"{where}.{key} must be {'an integer' if kind == 'int' else 'a number'}, "
-                                  f"but got {value!r}")
-        if low > high:
-            raise ConfigError(f"{where}: low <= high must hold, but got (low={low}, high={high})")
-        if log and low <= 0:
-            raise ConfigError(f"{where}: a log scale needs low > 0, but got low={low}")
-        if step is not None and (not _number(step, kind) or step <= 0):
-            raise ConfigError(f"{where}.step must be a positive {'integer' if kind == 'int' else 'number'}, "
-                              f"but got {step!r}")
-        if step is not None and log:
-            raise ConfigError(f"{where}: step and log cannot be combined")
-        check_flags({flag: low}, flag_schema, source=where)  # the flag exists and takes this kind of value
-        if kind == "int":
-            out[flag] = od.IntDistribution(low, high, log=log, step=step or 1)
-        else:
-            out[flag] = od.FloatDistribution(float(low), float(high), log=log, step=step)
-    return out
+    return {flag: distribution(flag, entry, flag_schema, where=f"{source}: {flag}") for flag, entry in space.items()}
+
+
+def distribution(flag: str, entry: Any, flag_schema: Mapping[str, Any], *, where: str) -> od.BaseDistribution:
+    """One entry of a space, checked: its type and keys, then its choices or its range."""
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where} must be a mapping with a 'type', but got {entry!r}")
+    kind = entry.get("type")
+    if kind is None:
+        stray = sorted(set(entry) - set().union(*ALLOWED_KEYS.values()))
+        raise ConfigError(f"{where} has no 'type' (one of {', '.join(KINDS)})"
+                          + (f"; unknown key(s) {stray}" + _nearest(stray) if stray else ""))
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.type must be one of {', '.join(KINDS)}, but got {kind!r}")
+    extra = set(entry) - ALLOWED_KEYS[kind]
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(extra)} for type {kind} "
+                          f"(allowed: {sorted(ALLOWED_KEYS[kind])}){_nearest(sorted(extra))}")
+    if kind == "categorical":
+        choices = entry.get("choices")
+        if not isinstance(choices, list | tuple) or not choices:
+            raise ConfigError(f"{where}.choices must be a non-empty list, but got {choices!r}")
+        for choice in choices:
+            check_flags({flag: choice}, flag_schema, source=where)
+        return od.CategoricalDistribution(list(choices))
+    return numeric_range(flag, entry, kind, flag_schema, where=where)
+
+
+def numeric_range(flag: str, entry: Mapping[str, Any], kind: str, flag_schema: Mapping[str, Any], *, where: str
+                  ) -> od.BaseDistribution:
+    low, high, step, log = entry.get("low"), entry.get("high"), entry.get("step"), bool(entry.get("log", False))
+    for key, value in (("low", low), ("high", high)):
+        if not _number(value, kind):
+            raise ConfigError(f"{where}.{key} must be {'an integer' if kind == 'int' else 'a number'}, "
+                              f"but got {value!r}")
+    if low > high:
+        raise ConfigError(f"{where}: low <= high must hold, but got (low={low}, high={high})")
+    if log and low <= 0:
+        raise ConfigError(f"{where}: a log scale needs low > 0, but got low={low}")
+    if step is not None and (not _number(step, kind) or step <= 0):
+        raise ConfigError(f"{where}.step must be a positive {'integer' if kind == 'int' else 'number'}, "
+                          f"but got {step!r}")
+    if step is not None and log:
+        raise ConfigError(f"{where}: step and log cannot be combined")
+    check_flags({flag: low}, flag_schema, source=where)  # the flag exists and takes this kind of value
+    if kind == "int":
+        return od.IntDistribution(low, high, log=log, step=step or 1)
+    return od.FloatDistribution(float(low), float(high), log=log, step=step)
 
 
 def grid(distributions: Mapping[str, od.BaseDistribution], limit: int = 10_000) -> dict[str, list[Any]]:
@@ -135,7 +139,8 @@ def within_in_flight(distributions: Mapping[str, od.BaseDistribution], in_flight
     if len(keep) == len(values):
         return dict(distributions), None
     clipped = (od.CategoricalDistribution([c for c in dist.choices if c in keep])  # the user's order
-               if isinstance(dist, od.CategoricalDistribution) else od.IntDistribution(dist.low, keep[-1], log=dist.log, step=dist.step))
+               if isinstance(dist, od.CategoricalDistribution)
+               else od.IntDistribution(dist.low, keep[-1], log=dist.log, step=dist.step))
     note = (f"{source}: max_num_seqs searched up to max_num_seqs={keep[-1]}, not {values[-1]}: the workload keeps "
             f"{in_flight} requests in flight, so larger values run no more at once (they can only cost memory); "
             "raise workload.concurrency (and num_requests) to search higher")

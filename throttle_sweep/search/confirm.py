@@ -1,0 +1,123 @@
+"""The confirmation stage: the best few re-measured against the baseline with fresh interleaved replicates,
+their intervals Bonferroni-adjusted across the family (and the looks each may take), alone on the machine.
+Where they would run one after another anyway, one joint schedule shares the baseline's runs among them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from throttle_sweep.analysis import analyse, candidate_view
+from throttle_sweep.schedule import BASELINE, joint_arm, joint_schedule, with_warmup
+from throttle_sweep.search.runner import Comparison, Runner, confirms_together
+from throttle_sweep.search.sequential import to_rank
+from throttle_sweep.search.state import StudyView
+from throttle_sweep.search.trials import broken_constraints, leader, resume_key, trial_summary
+from throttle_sweep.search.winner import Confirmation, choose_winner
+from throttle_sweep.stats import clearly_lower
+
+
+def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
+    """Fresh interleaved replicates for the best few. Sequential: those the search already showed clearly
+    pricier than the best wait, and are confirmed only if no earlier one wins; the family counts them all
+    the same."""
+    s = view.settings
+    # multi-objective: the cheapest points of the Pareto front (the others trade cost for latency)
+    todo = (view.pareto() if s.multi_objective else view.ranked(s.confirm_top))[: s.confirm_top]
+    family = max(1, len(todo))
+    rounds = [todo]
+    if s.sequential and not s.multi_objective and len(todo) > 1:
+        best = to_rank(todo[0].user_attrs)
+        # at the screens' own alpha (the reference has none of its own: the best's, then the plain one)
+        later = [t for t in todo[1:] if best and (r := to_rank(t.user_attrs)) and clearly_lower(
+            best, r, t.user_attrs.get("alpha_per_look") or todo[0].user_attrs.get("alpha_per_look")
+            or s.thresholds.alpha)]
+        if later:
+            rounds = [[t for t in todo if t not in later], later]
+    results: list[Confirmation] = []
+    for number, batch in enumerate(rounds):
+        if number and choose_winner(results, s.thresholds.alpha)[0] is not None:
+            runner.say("confirm: not re-measured, clearly pricier than the winner in the search: "
+                       + ", ".join(f"trial {t.number} {t.params}" for t in batch))
+            break
+        stage = Confirm(runner, view, batch, family, ranked=len(batch) > 1)
+        # the answer is quoted from these runs: with no other engine beside them on the machine (a neighbour's
+        # load that followed their arms could move the ratio; benchmarks/local_slots.py bounds it, not to zero)
+        runner.run(stage, alone=True)
+        results += stage.results
+    return sorted(results, key=lambda c: c.source_trial)
+
+
+class Confirm:
+    """One round of confirmations (runner.Stage): each candidate alone against the baseline, or all on one
+    joint schedule."""
+
+    def __init__(self, runner: Runner, view: StudyView, todo: list[optuna.trial.FrozenTrial], family: int,
+                 ranked: bool) -> None:
+        self.runner, self.view, self.family, self.ranked = runner, view, family, ranked
+        together = confirms_together(view.settings, runner.pool, len(todo))
+        self.queue: list[list[optuna.trial.FrozenTrial]] = [list(todo)] if together else [[t] for t in todo]
+        self.results: list[Confirmation] = []
+
+    def next(self, slot: int) -> Comparison | None:
+        if not self.queue:
+            return None
+        s, group = self.view.settings, self.queue.pop(0)
+        if len(group) == 1:
+            (t,) = group
+            comp = self.runner.comparison(f"confirm-{resume_key(t)}", "confirm", t.params, s.confirm_replicates,
+                                          slot, lead=leader(t.number), family=self.family, ranked=self.ranked)
+            comp.source_trial = t.number
+            return comp
+        labels = {joint_arm(i): t for i, t in enumerate(group)}
+        arms = {BASELINE: dict(self.view.baseline_flags),
+                **{label: self.view.candidate_flags(t.params) for label, t in labels.items()}}
+        order = joint_schedule(len(group), s.confirm_replicates, lead=group[0].number)
+        if s.warmup_replicate:
+            order = with_warmup(order)
+        comp = self.runner.comparison("confirm-" + "+".join(resume_key(t) for t in group), "confirm", {}, 0, slot,
+                                      arms=arms, order=order, family=self.family, ranked=self.ranked)
+        comp.joint = {label: t.number for label, t in labels.items()}
+        return comp
+
+    def finished(self, comp: Comparison) -> None:
+        trials = self.view.study.trials
+        group = [trials[comp.source_trial]] if comp.joint is None else [trials[n] for n in comp.joint.values()]
+        if comp.retry():
+            self.runner.again(comp)
+            self.queue.insert(0, group)
+            return
+        fault = comp.fault()
+        records = list(comp.records.values())
+        if comp.joint is None:
+            self.confirmed(comp.source_trial, records, comp)
+            return
+        if fault is not None and fault.blame == "candidate":  # it is out; the others start again without it
+            failed = fault.record.get("trial")
+            self.confirmed(failed, candidate_view(records, failed), comp)
+            self.runner.say(f"confirm {comp.key}: trial {failed} failed ({fault.record.get('reason')}); the others "
+                            "are confirmed again without it")
+            self.queue.insert(0, [t for t in group if t.number != failed])
+            return
+        for number in comp.joint.values():  # (a fault of the baseline or the slot, the attempts spent: all)
+            self.confirmed(number, candidate_view(records, number), comp)
+
+    def confirmed(self, number: int, records: list[dict[str, Any]], comp: Comparison) -> None:
+        s = self.view.settings
+        analysis = analyse(records, s.thresholds, token_tolerance=s.token_tolerance, cost=s.cost_basis)
+        # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates and the looks
+        # each may take, and the label is read off that same interval
+        quoted = analyse(records, comp.thresholds, token_tolerance=s.token_tolerance, cost=s.cost_basis)
+        broken = broken_constraints(trial_summary(analysis, s), s)
+        if (fault := comp.fault()) is not None:  # the replicates that are left are not the comparison planned
+            broken.insert(0, f"failed in confirmation ({fault.blame}: {fault.record.get('reason')})")
+        self.results.append(Confirmation(number, self.view.study.trials[number].params, analysis, adjusted=quoted,
+                                         broken=broken, family=self.family, looks=len(comp.looks),
+                                         stopped=comp.stopped,
+                                         shared=sorted(comp.joint.values()) if comp.joint else None))
+
+    def rest(self) -> int:  # the groups not started yet, each its whole schedule
+        s = self.view.settings
+        warmup = int(s.warmup_replicate)
+        return sum(((len(g) + 1) if len(g) > 1 else 2) * s.confirm_replicates + warmup for g in self.queue)

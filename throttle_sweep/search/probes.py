@@ -1,0 +1,236 @@
+"""The probe stage: the baseline once (it must work before anything else is spent), then single runs along
+the boundary knob for each setting of the other knobs, to find where preemption starts (with closed-loop
+fixed work a configuration's preemption count is deterministic, so one run per point tells). What it finds
+(`Findings`) steers the rest: preempting points are told to the study as infeasible trials, the boundary's
+last clean point may become the search's yardstick, and proposals beyond the boundary are closed unrun."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import optuna
+
+from throttle_sweep.engines.flags import flags_key
+from throttle_sweep.schedule import BASELINE, CANDIDATE
+from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.runner import BaselineFails, Comparison, Runner
+from throttle_sweep.search.state import StudyView
+from throttle_sweep.search.trials import probed_attrs, told_reference, where
+
+# a pending probe: (the search it serves, or None for the baseline; the value's index; which repeat)
+Pending = tuple[BoundarySearch | None, int, int]
+
+
+class Probes:
+    """The probe stage's comparisons (runner.Stage): every search one round at a time, one probe per slot.
+    The first setting of the other knobs is searched in full; the others start where its boundary lies."""
+
+    def __init__(self, runner: Runner, view: StudyView, knob: str, settings: list[dict[str, Any]]) -> None:
+        self.runner, self.view, self.knob, self.settings = runner, view, knob, settings
+        self.slots = len(runner.pool.slots)
+        self.searches = [BoundarySearch.over(knob, view.distributions[knob], settings[0],
+                                             max_preemptions=view.settings.max_preemptions, parallel=self.slots)]
+        self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
+
+    def follow(self, leader: Boundary) -> list[BoundarySearch]:
+        clean, dirty = leader.edge()
+        near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
+        return [BoundarySearch.over(self.knob, self.view.distributions[self.knob], others,
+                                    max_preemptions=self.view.settings.max_preemptions,
+                                    parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
+                                    direction=leader.direction)
+                for others in self.settings[1:]]
+
+    def next(self, slot: int) -> Comparison | None:
+        if not self.pending:  # the next round of every search that can go on: one probe per slot
+            if len(self.searches) == 1 < len(self.settings) and self.searches[0].done():
+                self.searches.extend(self.follow(self.searches[0].boundary))
+            for s in self.searches:
+                self.pending.extend((s, *w) for w in s.wanted(self.slots))
+        if not self.pending:
+            return None
+        item = self.pending.pop(0)
+        search, index, repeat = item
+        if search is None:
+            arms, order, key = {BASELINE: dict(self.view.baseline_flags)}, [BASELINE], "probe baseline"
+        else:
+            params = {**search.boundary.others, self.knob: search.boundary.values[index]}
+            arms, order = {CANDIDATE: self.view.candidate_flags(params)}, [CANDIDATE]
+            key = f"probe {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} #{repeat}"
+        comp = self.runner.comparison(key, "probe", {}, 1, slot, arms=arms, order=order)
+        comp.probe = item
+        return comp
+
+    def finished(self, comp: Comparison) -> None:
+        search, index, repeat = comp.probe
+        if comp.retry():
+            self.runner.again(comp)
+            self.pending.insert(0, comp.probe)
+            return
+        record = comp.records[0]
+        ok = record.get("status") == "ok"
+        found = self.view.findings
+        if search is None:
+            if not ok:
+                raise BaselineFails(f"the baseline {self.view.baseline_flags} failed ({record.get('reason')}); a "
+                                    "comparison against it cannot mean anything: fix what makes it fail and run again")
+            found.baseline_probe = record
+            return
+        count = record.get("preemptions") if ok else None
+        search.add(index, repeat, count)
+        point = (flags_key(search.boundary.others), index)
+        found.probe_records.setdefault(point, record)
+        found.probe_runs.setdefault(point, []).append(record)
+        self.runner.say(f"{comp.key}: " + (f"{count} preemptions" if ok else f"failed ({record.get('reason')})"))
+
+    def rest(self) -> int:
+        return self.runner.runs_ahead(max(0, self.view.settings.n_trials - self.view.measured_trials()
+                                          - len(self.view.open)))
+
+
+def find_boundaries(runner: Runner, view: StudyView) -> None:
+    """Probe the baseline, then the boundary along the boundary knob for each setting of the other knobs, all
+    searches sharing the slots; record them in the study, choose the yardstick, tell the preempting points."""
+    s = view.settings
+    knob = s.boundary_knob
+    if knob is None or knob not in view.distributions:
+        return
+    settings = other_settings(view)
+    if settings is None:
+        runner.say(f"probes: the knobs other than {knob} have more than {s.boundary_settings_max} "
+                   "settings (or a continuous one); feasibility is judged from each trial's replicates")
+        return
+    stage = Probes(runner, view, knob, settings)
+    runner.say(f"probes: one run per point to find where preemption starts along {knob} "
+               f"({len(stage.searches[0].boundary.values)} values"
+               + (f", for each of {len(settings)} settings of the other knobs; the others start from the "
+                  "first one's boundary where it is exact" if len(settings) > 1 else "") + ")")
+    runner.run(stage)
+    summaries = []
+    for search in stage.searches:
+        view.findings.boundaries[flags_key(search.boundary.others)] = search.boundary
+        summaries.append({**search.boundary.summary(), "predicted_last_clean": predicted(view, search.boundary,
+                                                                                          runner.workload_key)})
+    view.study.set_user_attr("boundaries", summaries)
+    choose_reference(runner, view)
+    tell_probes(view)
+
+
+def other_settings(view: StudyView) -> list[dict[str, Any]] | None:
+    """Every setting of the knobs other than the boundary knob, or None if they have too many (or a
+    continuous one)."""
+    knob = view.settings.boundary_knob
+    values: dict[str, list[Any]] = {}
+    for flag, dist in view.distributions.items():
+        if flag == knob:
+            continue
+        if isinstance(dist, optuna.distributions.FloatDistribution) and not dist.step:
+            return None
+        values[flag] = list(dist.choices) if isinstance(dist, optuna.distributions.CategoricalDistribution) \
+            else knob_values(dist)
+    if math.prod(len(v) for v in values.values()) > view.settings.boundary_settings_max:
+        return None
+    return [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
+
+
+def predicted(view: StudyView, boundary: Boundary, workload_key: dict[str, Any]) -> int | None:
+    """The last clean max_num_seqs the engine's reported KV capacity predicts for this fixed work."""
+    if boundary.knob != "max_num_seqs" or not boundary.probed:
+        return None
+    record = view.findings.probe_records.get((flags_key(boundary.others), boundary.probed[0])) or {}
+    kv = record.get("kv_cache") or {}
+    work = workload_key.get("workload") or {}
+    if work.get("length_dist") != "fixed" or work.get("jsonl") or not kv.get("blocks"):
+        return None
+    return predicted_last_clean(kv["blocks"], kv["block_size"], [work["prompt_len"] + work["output_len"]])
+
+
+def choose_reference(runner: Runner, view: StudyView) -> None:
+    """What the search compares candidates against (`study.reference=auto`): the first boundary's last clean
+    point, probed clean twice, instead of the baseline. The baseline is usually the slow end of the space
+    and half of every comparison; a yardstick among the fast points halves what a screen costs. Every search
+    ratio is then to the reference (one scale for the sampler; the reference's own trial is 1 exactly), and
+    confirmation alone meets the baseline, with fresh replicates. Kept for the life of a study, so a resume
+    never mixes two yardsticks. Not with latency limits or two objectives (a probe is one run: it cannot
+    vouch for the reference's tail)."""
+    found, s = view.findings, view.settings
+    if found.reference is not None or told_reference(view.study) is not None:
+        return  # (a resume: the driver took the study's own)
+    if s.reference != "auto" or s.multi_objective or any(v is not None for v in s.latency_limits.values()):
+        return
+    if view.told_by_probes():
+        return  # a study whose trials were told against the baseline keeps it
+    boundary = next(iter(found.boundaries.values()), None)
+    clean = boundary.edge()[0] if boundary is not None and boundary.settled else None
+    if clean is None or not boundary.exact():
+        return
+    point = {**boundary.others, boundary.knob: boundary.values[clean]}
+    runs = [r for r in found.probe_runs.get((flags_key(boundary.others), clean), []) if r.get("status") == "ok"]
+    costs = [c for c in map(view.probe_cost, runs) if c]
+    flags = view.candidate_flags(point)
+    if len(costs) < 2 or flags == view.baseline_flags or view.schedules.same(flags, view.baseline_flags):
+        return
+    attrs = {"source": "reference", "status": "ok", "verdict": "-", "ratio": 1.0, "ci": [1.0, 1.0],
+             "se_log": 0.0, "df": None, **probed_attrs(runs, costs, s),
+             "notes": [f"the search's reference: every search ratio is to it ({len(runs)} clean probes)"]}
+    view.study.add_trial(optuna.trial.create_trial(
+        params=point, distributions={k: view.distributions[k] for k in point}, value=1.0, user_attrs=attrs,
+        constraints=dict(zip(attrs["constraint_names"], attrs["constraints"], strict=True))))
+    found.reference = point
+    base = [w for w in [(found.baseline_probe or {}).get("wall_s")] if w]
+    speed = (f" (a probe of it took {sum(r.get('wall_s') or 0 for r in runs) / len(runs):.1f} s, the baseline's "
+             f"{base[0]:.1f} s)") if base else ""
+    runner.say(f"search: candidates are compared against the reference {point}, the boundary's last clean "
+               f"point{speed}; confirmation measures the best against the baseline")
+
+
+def tell_probes(view: StudyView) -> None:
+    """Probed preempting points become completed, infeasible trials (once): what the samplers learn the
+    infeasible region from. Their ratio is one probe's cost over the yardstick's probes, not a comparison."""
+    base = view.yardstick_cost()
+    told = {t.user_attrs.get("probe_key") for t in view.trials()}
+    for others, boundary in view.findings.boundaries.items():
+        if not boundary.settled:
+            continue
+        for index in boundary.probed:
+            record = view.findings.probe_records[(others, index)]
+            count = boundary.counts[index][0]
+            cost = view.probe_cost(record)
+            key = f"{others}|{index}"
+            if not boundary.dirty(index) or key in told or count is None or not base or not cost:
+                continue
+            params = {**boundary.others, boundary.knob: boundary.values[index]}
+            attrs = {"source": "probe", "probe_key": key, "status": "ok", "preemptions": count,
+                     "ratio": cost / base, "usd_per_mtok": cost, "record_ids": [record.get("record_id")],
+                     "ran_on": [where(record)], "constraints": [float(count - view.settings.max_preemptions)],
+                     "constraint_names": ["preemptions"],
+                     "notes": [f"one probe run, not a comparison; its ratio is to {view.yardstick()}'s probe"]}
+            e2e = ((record.get("latency_s") or {}).get("e2e") or {}).get("p95") or 0.0
+            values = [cost / base, e2e] if view.settings.multi_objective else [cost / base]
+            view.study.add_trial(optuna.trial.create_trial(
+                params=params, distributions={k: view.distributions[k] for k in params}, values=values,
+                user_attrs=attrs, constraints={"preemptions": attrs["constraints"][0]}))
+
+
+def close_beyond_boundary(view: StudyView, trial: optuna.trial.Trial) -> None:
+    """A proposal the probes already show preempting: told infeasible at once, not run. Its value is the
+    nearest probe's, so the sampler learns where the infeasible region is."""
+    knob = view.settings.boundary_knob
+    others = view.others_key(trial.params)
+    boundary = view.findings.boundaries[others]
+    index = boundary.values.index(trial.params[knob])
+    nearest = min((i for i in boundary.probed if boundary.dirty(i)), key=lambda i: abs(i - index))
+    base = view.yardstick_cost()
+    cost = view.probe_cost(view.findings.probe_records[(others, nearest)])
+    count = boundary.counts[nearest][0]  # None: that probe's engine failed
+    violation = float(count - view.settings.max_preemptions) if count is not None else 1.0
+    what = "preempted" if count is not None else "failed"
+    ratio = cost / base if cost and base else 1.0
+    for key, value in {"source": "boundary", "status": "ok", "preemptions": count, "ratio": ratio,
+                       "reason": f"beyond the probed boundary ({knob}={boundary.values[nearest]} {what}): not run",
+                       "constraints": [violation], "constraint_names": ["preemptions"]}.items():
+        trial.set_user_attr(key, value)
+    trial.set_constraint("preemptions", violation)
+    view.study.tell(trial, [ratio, 0.0] if view.settings.multi_objective else ratio)
