@@ -91,9 +91,9 @@ def engine_world(starts: Sequence[tuple[str, Mapping[str, Any]]]) -> int:
     outside the slot: refused."""
     for source, flags in starts:
         if flags.get("distributed_executor_backend") == "ray":
-            raise ClusterError(f"{source}.distributed_executor_backend=ray: a slot's engine runs in a child process of its "
-                               "Ray actor, which holds the slot's GPUs; vLLM's Ray executor would place its workers "
-                               "outside them. Leave it unset (vLLM's multiprocess workers use the slot's GPUs)")
+            raise ClusterError(f"{source}.distributed_executor_backend=ray: a slot's engine runs in a child process "
+                               "of its Ray actor, which holds the slot's GPUs; vLLM's Ray executor would place its "
+                               "workers outside them. Leave it unset (vLLM's multiprocess workers use the slot's GPUs)")
     world = 1
     for key in PARALLEL:
         world *= max((int(f.get(key) or 1) for _, f in starts), default=1)
@@ -169,7 +169,8 @@ class RayPool(HeldRecords):
     so no slot ever blocks the others."""
 
     def __init__(self, *, make_actor: Callable[[int], Any], shape: SlotShape,
-                 header: Callable[[Job, Mapping[str, Any]], dict[str, Any]], say: Callable[[str], None] = lambda _: None,
+                 header: Callable[[Job, Mapping[str, Any]], dict[str, Any]],
+                 say: Callable[[str], None] = lambda _: None,
                  start_timeout_s: float = 300.0, job_timeout_s: float = 1800.0, job_timeout_factor: float = 10.0
                  ) -> None:
         import ray

@@ -48,7 +48,8 @@ class CompareConf:
     warmup_replicate: bool = False  # one unmeasured run first, with the leading arm's flags
     restart: str = "per_replicate"  # when an engine is restarted: per_replicate | never | every_k (see slot.py)
     restart_every: int | None = None  # every_k: replicates per engine lifetime
-    engine_warmup: str = "first"  # an unmeasured run of the workload: first (an engine process's first engine) | every | none
+    # an unmeasured run of the workload: first (an engine process's first engine) | every | none
+    engine_warmup: str = "first"
     engines_per_slot: int = 2  # engine processes a slot keeps warm (the baseline's and a candidate's)
     lead: str = "baseline"  # mode=compare: the arm that runs first (sweeps alternate it across comparisons)
     alpha: float = 0.05  # two-sided; CHEAPER is a one-sided claim at alpha/2

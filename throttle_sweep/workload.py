@@ -33,7 +33,7 @@ class WorkloadSpec:
     sharegpt: str | None = None  # ShareGPT-style conversations (JSON): their prompt and reply lengths
     chars_per_token: float = 4.0  # ShareGPT text without a tokenizer: its length in tokens, estimated
     tokenizer: str | None = None  # a tokenizer (name or folder) to count and encode ShareGPT text with
-    shared_prefix_len: int = 0  # every prompt starts with the same this-many tokens (a system prompt, an agent's context)
+    shared_prefix_len: int = 0  # every prompt starts with the same this-many tokens (a system prompt, an agent)
     warmup_requests: int | None = None  # null: one full batch of the engine (concurrency, or max_num_seqs if fewer)
     warmup_output_len: int = 16  # warm-up requests are short: they warm every batch size, not the clock
     seed: int = 0
@@ -59,6 +59,17 @@ class WorkloadSpec:
         if not isinstance(self.warmup_output_len, int) or self.warmup_output_len <= 0:
             raise ConfigError(f"{source}.warmup_output_len must be a positive integer, but got "
                               f"{self.warmup_output_len!r}")
+        self._check_shape(source)
+        self._check_sources(source)
+        if max_model_len is not None:
+            longest = max(r.prompt_len + r.output_len for r in make_requests(self))
+            if longest > max_model_len:
+                raise ConfigError(
+                    f"{source}: prompt + output length reaches {longest} tokens, beyond max_model_len="
+                    f"{max_model_len}; lower {source}.output_len / prompt_len or raise engine.max_model_len")
+
+    def _check_shape(self, source: str) -> None:
+        """How lengths vary and how requests arrive."""
         if self.length_dist not in ("fixed", "uniform"):
             raise ConfigError(f"{source}.length_dist must be 'fixed' or 'uniform', but got {self.length_dist!r}")
         if not 0 <= self.length_spread < 1:
@@ -67,6 +78,9 @@ class WorkloadSpec:
             raise ConfigError(f"{source}.loop must be 'closed' or 'open', but got {self.loop!r}")
         if self.loop == "open" and (self.rate is None or self.rate <= 0):
             raise ConfigError(f"{source}.rate must be > 0 requests/s for an open loop, but got {self.rate!r}")
+
+    def _check_sources(self, source: str) -> None:
+        """Where requests come from: a file, and how prompt text is made."""
         for key in ("jsonl", "sharegpt"):
             if getattr(self, key) is not None and not Path(getattr(self, key)).is_file():
                 raise ConfigError(f"{source}.{key}: no such file {getattr(self, key)!r}")
@@ -76,12 +90,6 @@ class WorkloadSpec:
             raise ConfigError(f"{source}.shared_prefix_len must be an integer >= 0, but got {self.shared_prefix_len!r}")
         if not self.chars_per_token > 0:
             raise ConfigError(f"{source}.chars_per_token must be > 0, but got {self.chars_per_token!r}")
-        if max_model_len is not None:
-            longest = max(r.prompt_len + r.output_len for r in make_requests(self))
-            if longest > max_model_len:
-                raise ConfigError(
-                    f"{source}: prompt + output length reaches {longest} tokens, beyond max_model_len="
-                    f"{max_model_len}; lower {source}.output_len / prompt_len or raise engine.max_model_len")
 
 
 def _length(rng: random.Random, spec: WorkloadSpec, mean: int) -> int:
@@ -164,7 +172,8 @@ def read_sharegpt(path: Path, spec: WorkloadSpec) -> list[tuple[int, int, tuple[
         pairs.append((n_in, n_out, ids))
     if not pairs:
         raise ConfigError(f"{path}: no usable conversations (each needs a human turn then a gpt turn, with "
-                          f"{SHAREGPT_MIN}..{SHAREGPT_MAX_PROMPT} prompt tokens and at most {SHAREGPT_MAX_TOTAL} in all)")
+                          f"{SHAREGPT_MIN}..{SHAREGPT_MAX_PROMPT} prompt tokens and at most {SHAREGPT_MAX_TOTAL} "
+                          "in all)")
     enough(pairs, spec, key="sharegpt", what="usable conversations")
     random.Random(spec.seed).shuffle(pairs)
     return pairs[: spec.num_requests]
@@ -217,7 +226,8 @@ def enough(rows: list, spec: WorkloadSpec, *, key: str, what: str) -> None:
     num_requests: refused, with the count it has."""
     if len(rows) < spec.num_requests:
         raise ConfigError(f"workload.{key} {getattr(spec, key)!r} has {len(rows)} {what}, but workload.num_requests="
-                          f"{spec.num_requests}; set workload.num_requests={len(rows)} (or less), or give a larger file")
+                          f"{spec.num_requests}; set workload.num_requests={len(rows)} (or less), or give a larger "
+                          "file")
 
 
 @dataclass

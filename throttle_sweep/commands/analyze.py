@@ -21,7 +21,8 @@ from throttle_sweep.report import lines, write
 
 def run(cfg: DictConfig, console: Console) -> int:
     if not cfg.input:
-        raise ConfigError("mode=analyze needs input=PATH (replicates.jsonl, or a CSV/JSONL of arm, order, usd_per_mtok)")
+        raise ConfigError("mode=analyze needs input=PATH (replicates.jsonl, or a CSV/JSONL of arm, order, "
+                          "usd_per_mtok)")
     thresholds = thresholds_from(cfg)
     if cfg.compare.cost not in COST_BASES:
         raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {cfg.compare.cost!r}")

@@ -231,7 +231,8 @@ class HttpSession(WallClock):
             response = self._control.get("/metrics")
             response.raise_for_status()
         except httpx.HTTPError as exc:
-            raise EngineRunError(self.explain(f"cannot read {self.base_url}/metrics: {type(exc).__name__}: {exc}")) from None
+            why = f"cannot read {self.base_url}/metrics: {type(exc).__name__}: {exc}"
+            raise EngineRunError(self.explain(why)) from None
         return response.text
 
     def metrics(self) -> dict[str, float]:
