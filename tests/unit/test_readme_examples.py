@@ -1,5 +1,6 @@
-"""The README's examples, read as a user runs them, in order, in one folder: no two of them measure into
-the same results folder with different configurations (the second would be refused, or would mix runs)."""
+"""The examples of the README and the manual (docs/), read as a user runs them, page after page, in one
+folder: no two of them measure into the same results folder with different configurations (the second
+would be refused, or would mix runs)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import re
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SETTING = ("mode", "backend", "engine.", "baseline.", "candidate.", "workload.", "+experiment", "+space", "~space",
            "space.", "cost.", "compare.")
 
 
 def examples() -> list[list[str]]:
-    """Every `$ python -m throttle_sweep ...` line of the README, with its continuation lines."""
-    lines, out, current = README.read_text().splitlines(), [], None
+    """Every `$ python -m throttle_sweep ...` line of the pages, with its continuation lines."""
+    lines, out, current = [line for page in PAGES for line in page.read_text().splitlines()], [], None
     for line in lines:
         text = line.strip()
         if current is not None:

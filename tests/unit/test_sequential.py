@@ -36,6 +36,7 @@ def test_looks_fall_after_every_balanced_block():
     assert look_ends(make_schedule("abba", 2), warmup=False) == [4]
 
 
+@pytest.mark.calibration
 @pytest.mark.parametrize("per_arm", [4, 8])
 @pytest.mark.parametrize("kind", PERTURBATIONS)
 def test_aa_false_verdicts_stay_within_alpha_with_optional_stopping(kind, per_arm):
@@ -52,6 +53,7 @@ def test_aa_false_verdicts_stay_within_alpha_with_optional_stopping(kind, per_ar
     assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
 
 
+@pytest.mark.calibration
 @pytest.mark.parametrize("kind", ["curvature 3%", "alternation 1.1%", "slow start fading 8-4-2%"])
 def test_confirmation_looks_only_at_balanced_pairs_and_stays_calibrated_at_low_noise(kind):
     """A single B C C B block confounds curvature with the arm (1 residual df: nothing can flag it), which at
@@ -67,6 +69,7 @@ def test_confirmation_looks_only_at_balanced_pairs_and_stays_calibrated_at_low_n
     assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
 
 
+@pytest.mark.calibration
 def test_power_and_runs_spent_on_a_large_and_a_small_saving():
     """The demo's kind of saving (-79%) is decided at the first look, in half the runs; a 5% saving with 1%
     noise is still found in most runs by the last look."""

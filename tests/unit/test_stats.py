@@ -121,6 +121,7 @@ PERTURBATIONS = ["none", "slow first 5%", "slow first 10%", "slow start fading 8
                  "alternation 1.1%"]
 
 
+@pytest.mark.calibration
 @pytest.mark.parametrize("kind", PERTURBATIONS)
 def test_calibration_of_the_default_schedule_under_the_reviews_perturbations(kind):
     """The default (abba, 4 per arm, a warm-up run, the lead alternating across comparisons), A/A: the 95%
@@ -141,6 +142,7 @@ def test_calibration_of_the_default_schedule_under_the_reviews_perturbations(kin
     assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
 
 
+@pytest.mark.calibration
 def test_the_old_default_fails_under_an_alternating_rhythm():
     """aba-bab ties the arm to odd and even positions: a machine that alternates +-1.1% (as the real engine
     seemed to) reads as a saving. This is why abba is the default."""
@@ -164,6 +166,7 @@ def verdict_rate(order, ratio, verdict, *, drift_total, noise, seed, analyse=est
     return hits / N_SIM
 
 
+@pytest.mark.calibration
 @pytest.mark.parametrize("kind, n", [("aba-bab", 3), ("abba", 4)])
 def test_calibration_aa_with_27pct_drift_rarely_says_either_way(kind, n):
     order = make_schedule(kind, n)
@@ -174,6 +177,7 @@ def test_calibration_aa_with_27pct_drift_rarely_says_either_way(kind, n):
     assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
 
 
+@pytest.mark.calibration
 def test_power_true_5pct_saving_detected_in_95pct_of_default_runs():
     order = make_schedule("abba", 4)
     rate = verdict_rate(order, 0.95, CHEAPER, drift_total=0.27, noise=0.01, seed=2)
