@@ -204,7 +204,7 @@ def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thres
         return None
     n = np.arange(n_per_arm + 1, n_per_arm + limit + 1)
     df = 2 * n - 3
-    half = (t_quantile(1 - t.alpha / 2, df) + t_quantile(power, df)) * se_log * np.sqrt(n_per_arm / n)
+    half = (special.stdtrit(df, 1 - t.alpha / 2) + special.stdtrit(df, power)) * se_log * np.sqrt(n_per_arm / n)
     hits = np.nonzero(half < best)[0]
     return int(n[hits[0]] - n_per_arm) if hits.size else None
 
