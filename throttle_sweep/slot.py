@@ -13,7 +13,7 @@ interval sees."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from throttle_sweep.cost import Price
@@ -40,6 +40,8 @@ def check_restart(policy: str, every: int | None, warmup: str = "first") -> None
 class WarmSlot:
     """Measures replicates on warm engines, each in its own process. `measure` has the signature the pools
     expect; `close` ends every engine process."""
+
+    make_host: Callable[..., EngineHost] = EngineHost  # (the fast tests measure the fake engine in-thread)
 
     def __init__(self, engine: Engine, spec: WorkloadSpec, price: Price, *, run_id: str,
                  environment: Mapping[str, Any] | None = None, restart: str = "per_replicate",
@@ -179,7 +181,7 @@ class WarmSlot:
 
     def _new_host(self) -> EngineHost:
         self.started += 1
-        return EngineHost(self.engine, self.spec, self.price, name=f"{self.name}.{self.started}")
+        return self.make_host(self.engine, self.spec, self.price, name=f"{self.name}.{self.started}")
 
     def close(self) -> None:
         with self._hosts_lock:

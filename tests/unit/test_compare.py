@@ -66,7 +66,7 @@ def test_interrupted_compare_starts_afresh_and_keeps_what_was_measured(tmp_path,
 
     monkeypatch.setattr(WarmSlot, "measure", measure)
     cfg = compose_cfg(*NOISY, "run=c", tmp_path=tmp_path)
-    assert compare_cmd.run(cfg, Console(quiet=True)) == 130  # a clean stop, said in one line (tests/cli)
+    assert compare_cmd.run(cfg, Console(quiet=True)) == 130  # a clean stop, said in one line (tests/process)
     before = read_records(tmp_path / "c" / "replicates.jsonl")
     assert len(before) == 3
     monkeypatch.setattr(WarmSlot, "measure", real_measure)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-import time
 from collections import defaultdict
 
 import optuna
@@ -206,39 +205,6 @@ def test_a_run_that_stops_on_one_record_of_a_batch_still_writes_the_others():
     with pytest.raises(SweepStopped):
         sweep.runner.run(stage(lambda slot: next(comps, None), finish))
     assert sorted(r["slot"] for r in written) == ["s0", "s1", "s1"] and late in written
-
-
-def test_closing_two_slots_while_both_measure_ends_every_engine_process_and_thread():
-    """Ctrl-C with two local slots: the driver's thread closes the slots while each slot's thread waits for
-    its engine (here both engines hang). Every engine process ends, both threads end, nothing raises."""
-    from throttle_sweep.cost import Price
-    from throttle_sweep.engines import FakeEngine, FakeKnobs
-    from throttle_sweep.slot import WarmSlot
-    from throttle_sweep.workload import WorkloadSpec
-
-    spec = WorkloadSpec(num_requests=8, prompt_len=16, output_len=32, concurrency=8, warmup_requests=0)
-    engine = FakeEngine(FakeKnobs(hang_when={"max_num_seqs": 1}))
-    slots = [WarmSlot(engine, spec, Price(), run_id="t", name=f"local-{i}", engine_warmup="none") for i in range(2)]
-    pool = LocalPool([s.measure for s in slots])
-    threads = list(pool._threads)  # noqa: SLF001 - what the pool runs
-    for slot in (0, 1):
-        pool.submit(Job(slot, {"max_num_seqs": 2, "kv_cache_memory_bytes": 1 << 20}, "candidate", 0))
-    deadline = time.monotonic() + 60
-    while not all(s.hosts and s.hosts[0].environment for s in slots):  # both engine processes are ready
-        assert time.monotonic() < deadline, "the engine processes never got ready"
-        time.sleep(0.1)
-    time.sleep(1.0)  # and their engines have started the replicate, and hang in it
-    processes = [h.process for s in slots for h in s.hosts]
-    began = time.monotonic()
-    pool.close()
-    for s in slots:
-        s.close()
-    pool.join(timeout=30)
-    assert time.monotonic() - began < 30
-    assert not any(t.is_alive() for t in threads)
-    assert not any(p.is_alive() for p in processes) and not any(s.hosts for s in slots)
-    left = pool.drain()  # what the threads saw: their engines shut down, the slot's doing, never the flags'
-    assert len(left) == 2 and all(r["status"] == "failed" and r["infrastructure"] for r in left), left
 
 
 def test_a_ctrl_c_while_the_driver_writes_a_batch_loses_none_of_its_records():

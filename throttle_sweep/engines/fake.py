@@ -154,16 +154,34 @@ class FakeSession:
         return self.total_blocks - sum(seq["blocks"] for seq in self.running)
 
     def step(self) -> list[StepEvent]:
+        self._faults()
+        self.steps += 1
+        preempted_now = self._grow_decoding()
+        prefill_tokens = self._schedule_prefill(preempted_now)
+        if not self.running:
+            raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists, or its "
+                                 "prompt exceeds max_num_batched_tokens with chunked prefill off")
+        elapsed = (self.knobs.step_overhead_s + self.knobs.per_seq_s * len(self.running)
+                   + self.knobs.per_prefill_token_s * prefill_tokens) * self.speed
+        self.clock += elapsed
+        if self.knobs.realtime:
+            time.sleep(elapsed)
+        return self._emit()
+
+    def _faults(self) -> None:
+        """The failure knobs: asleep, a crash after some steps, a process that dies or hangs."""
         if self.asleep:
             raise EngineRunError("fake engine stepped while asleep")
         if self.knobs.crash_after_steps is not None and self.steps >= self.knobs.crash_after_steps:
             raise EngineRunError(f"fake engine crashed after {self.steps} steps (crash_after_steps)")
-        self.steps += 1
-        if self.dies and self.steps > 3:
+        if self.dies and self.steps >= 3:
             os._exit(70)
-        if self.hangs and self.steps > 3:
+        if self.hangs and self.steps >= 3:
             time.sleep(3600)
-        # Decoding sequences (prefill complete) grow by one token; the newest is preempted when the cache is full.
+
+    def _grow_decoding(self) -> bool:
+        """Decoding sequences (prefill complete) grow by one token; the newest is preempted when the cache is
+        full. Whether any was preempted in this step."""
         preempted_now = False
         for seq in list(self.running):
             if seq not in self.running or seq["computed"] < self._context(seq):
@@ -179,10 +197,14 @@ class FakeSession:
                     break
             if seq in self.running:
                 seq["blocks"] += need
+        return preempted_now
+
+    def _schedule_prefill(self, preempted_now: bool) -> int:
+        """Prefill within the step's token budget: running sequences' next chunks first (vLLM schedules running
+        requests before waiting ones), then waiting ones admitted (prefill, or recompute after preemption), but
+        not in a step that preempted. The prefill tokens scheduled."""
         decoding = [seq for seq in self.running if seq["computed"] >= self._context(seq)]
         budget = self.token_budget - len(decoding)  # every decoding sequence spends one token of the budget
-        # Running sequences with prefill still to do take their next chunks first (vLLM schedules running
-        # requests before waiting ones).
         prefill_tokens = 0
         for seq in self.running:
             left = self._context(seq) - seq["computed"]
@@ -191,7 +213,6 @@ class FakeSession:
                 seq["computed"] += chunk
                 prefill_tokens += chunk
                 budget -= chunk
-        # Admit waiting sequences (prefill, or recompute after preemption), but not in a step that preempted.
         while self.waiting and not preempted_now and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             first = self._context(seq) if not self.chunked else min(self._context(seq), max(budget, 0))
@@ -204,14 +225,10 @@ class FakeSession:
             budget -= first
             seq["computed"] = first
             prefill_tokens += first
-        if not self.running:
-            raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists, or its "
-                                 "prompt exceeds max_num_batched_tokens with chunked prefill off")
-        elapsed = (self.knobs.step_overhead_s + self.knobs.per_seq_s * len(self.running)
-                   + self.knobs.per_prefill_token_s * prefill_tokens) * self.speed
-        self.clock += elapsed
-        if self.knobs.realtime:
-            time.sleep(elapsed)
+        return prefill_tokens
+
+    def _emit(self) -> list[StepEvent]:
+        """A token for every sequence whose prefill is complete; finished ones leave."""
         events = []
         for seq in list(self.running):
             if seq["computed"] < self._context(seq):
