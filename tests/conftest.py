@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -14,6 +15,10 @@ if cpu_build():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# every process this test run starts inherits the mark, orphans included: another run's processes on the same
+# machine (a second checkout's suite, CI beside a developer) are not this run's to answer for
+RUN_MARK = ("THROTTLE_SWEEP_TEST_RUN", uuid.uuid4().hex)
+os.environ[RUN_MARK[0]] = RUN_MARK[1]
 
 
 def _ray_and_engine_processes() -> set[tuple[int, float]]:
@@ -25,7 +30,12 @@ def _ray_and_engine_processes() -> set[tuple[int, float]]:
         if cmd.startswith("ray::") or any(k in cmd for k in ("raylet", "gcs_server", "ray/dashboard", "ray/_private",
                                                              "multiprocessing.spawn import spawn_main",
                                                              "vllm.entrypoints.openai.api_server", "orphan_guard")):
-            found.add((p.info["pid"], p.info["create_time"]))
+            try:
+                ours = p.environ().get(RUN_MARK[0]) == RUN_MARK[1]
+            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+                ours = False
+            if ours:
+                found.add((p.info["pid"], p.info["create_time"]))
     return found
 
 

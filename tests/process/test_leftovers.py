@@ -49,3 +49,24 @@ def test_a_leftovers_file_that_names_a_foreign_dir_ends_and_removes_nothing(tmp_
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_the_suites_leftover_check_counts_this_runs_processes_and_no_one_elses():
+    """A process of this test run is seen, orphans included (the mark is inherited); one another run started
+    on this machine (its own mark) is not, so a second suite beside this one cannot fail it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import RUN_MARK, _ray_and_engine_processes
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "orphan_guard"]
+    ours = subprocess.Popen(sleeper)
+    theirs = subprocess.Popen(sleeper, env={**os.environ, RUN_MARK[0]: "another run"})
+    try:
+        seen = {pid for pid, _ in _ray_and_engine_processes()}
+        assert ours.pid in seen and theirs.pid not in seen
+    finally:
+        for p in (ours, theirs):
+            p.kill()
+            p.wait()
