@@ -1,12 +1,13 @@
-"""The unit tier measures the fake engine in-thread (engines.host.InThreadHost); production measures every
-engine in a process of its own (EngineHost). The fast tier is worth only what the two share: the same
+"""The unit tier measures the fake engine in-thread (engines.thread_host.InThreadHost); production measures
+every engine in a process of its own (EngineHost). The fast tier is worth only what the two share: the same
 replicates through either give the same records, apart from where and when they ran."""
 
 from __future__ import annotations
 
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
-from throttle_sweep.engines.host import EngineHost, InThreadHost
+from throttle_sweep.engines.host import EngineHost
+from throttle_sweep.engines.thread_host import InThreadHost
 from throttle_sweep.slot import WarmSlot
 from throttle_sweep.workload import WorkloadSpec
 

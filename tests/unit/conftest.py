@@ -1,4 +1,4 @@
-"""The unit tier runs in-thread: the fake engine is measured in the test's own thread (engines.host.
+"""The unit tier runs in-thread: the fake engine is measured in the test's own thread (engines.thread_host.
 InThreadHost), with no engine process to start. A fake that ends or hangs its process on purpose
 (`exit_when`, `hang_when`) keeps a process of its own; what only real processes show is in tests/process."""
 
@@ -10,7 +10,8 @@ import pytest
 @pytest.fixture(autouse=True)
 def engines_in_thread(monkeypatch):
     from throttle_sweep.engines.fake import FakeEngine
-    from throttle_sweep.engines.host import EngineHost, InThreadHost
+    from throttle_sweep.engines.host import EngineHost
+    from throttle_sweep.engines.thread_host import InThreadHost
     from throttle_sweep.slot import WarmSlot
 
     def make_host(engine, spec, price, *, name):
