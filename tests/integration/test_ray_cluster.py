@@ -24,9 +24,9 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from tests.helpers import compose_cfg
-from throttle_sweep.cluster import belongs_to
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.compare import MAX_ATTEMPTS
+from throttle_sweep.ray_runtime import belongs_to
 from throttle_sweep.records import read_records
 from throttle_sweep.search.trials import measured
 

@@ -43,7 +43,7 @@ def test_a_ray_address_where_nothing_listens_gets_a_clear_error_in_seconds(tmp_p
     import pytest
 
     from tests.helpers import compose_cfg
-    from throttle_sweep.cluster import ClusterError, connect
+    from throttle_sweep.ray_runtime import ClusterError, connect
 
     with socket.socket() as probe:  # a loopback port that was free a moment ago: nothing listens there
         probe.bind(("127.0.0.1", 0))
