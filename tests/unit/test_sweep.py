@@ -150,7 +150,7 @@ def test_every_shipped_config_composes_and_passes_its_checks(overrides):
 
 
 def pareto_of(points):
-    """Sweep.pareto on a study holding exactly these (ratio, p95 latency, feasible) trials."""
+    """StudyView.pareto on a study holding exactly these (ratio, p95 latency, feasible) trials."""
     from optuna.distributions import IntDistribution
     from optuna.trial import create_trial
 

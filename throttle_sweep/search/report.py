@@ -87,7 +87,7 @@ def fmt_params(params: Mapping[str, Any]) -> str:
 
 
 def yardstick(study: optuna.Study) -> str:
-    """What the search's ratios are to: the reference point (Sweep.choose_reference) or the baseline."""
+    """What the search's ratios are to: the reference point (probes.choose_reference) or the baseline."""
     ref = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "reference"), None)
     return f"reference {fmt_params(ref.params)}" if ref is not None else "baseline"
 
