@@ -8,8 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from throttle_sweep.__main__ import CONF_DIR
-from throttle_sweep.config import register
+from throttle_sweep.config import CONF_DIR, register
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.measure import measure_replicate

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -12,10 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from throttle_sweep.cli_errors import compose_or_explain
-from throttle_sweep.config import register
+from throttle_sweep.config import CONF_DIR, register
 from throttle_sweep.errors import ThrottleSweepError
 
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # shipped inside the package: any install works
 MODES = ("measure", "compare", "analyze", "sweep", "export")
 
 

@@ -7,11 +7,14 @@ arguments, checked against vLLM's own `EngineArgs` fields before any engine star
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
 from throttle_sweep.engines.fake import FakeKnobs
+
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # shipped inside the package: any install works
 
 
 @dataclass

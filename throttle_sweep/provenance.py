@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from throttle_sweep.config import CONF_DIR
 from throttle_sweep.errors import ConfigError
 
 # The sections of a configuration that decide what is measured (the rest says how to run or report it).
@@ -43,8 +44,6 @@ def option_keys(group: str, option: str) -> tuple[set[str], set[str]] | None:
     """(whole sections, dotted keys) that config file `group/option.yaml` sets, or None if it is not one."""
     import yaml
     from hydra.core.hydra_config import HydraConfig
-
-    from throttle_sweep.__main__ import CONF_DIR
 
     folders = [Path(CONF_DIR)]
     if HydraConfig.initialized():  # the user's own config folders (hydra.searchpath) too
