@@ -11,7 +11,6 @@ from tests.helpers import compose_cfg
 from throttle_sweep.analysis import analyse
 from throttle_sweep.commands import analyze as analyze_cmd
 from throttle_sweep.commands import compare as compare_cmd
-from throttle_sweep.engines.host import EngineHost
 from throttle_sweep.errors import ConfigError, RecordError
 from throttle_sweep.records import read_records
 from throttle_sweep.slot import WarmSlot
@@ -127,7 +126,7 @@ def test_analyze_bad_input_names_the_row_and_rule(tmp_path, rows, error, message
 
 
 def test_compare_refuses_bad_input_before_measuring(tmp_path, monkeypatch):
-    monkeypatch.setattr(EngineHost, "__init__", lambda *a, **k: pytest.fail("engine process started"))
+    monkeypatch.setattr(WarmSlot, "make_host", staticmethod(lambda *a, **k: pytest.fail("an engine started")))
     for override, message in [("compare.replicates=1", "at least 2 per arm"),
                               ("compare.schedule=zigzag", "compare.schedule must be one of"),
                               ("+candidate.max_num_seq=3", "candidate: unknown engine flag 'max_num_seq'"),

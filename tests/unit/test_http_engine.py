@@ -1,6 +1,6 @@
 """The HTTP session and the server engine's plumbing, against a stub streaming server (no vLLM): token
 counting across multi-token chunks, usage checks, failures that name the request, the server's command line
-and environment, and a server that outlives its starter."""
+and environment, and a server stopped when it fails after it was healthy."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from tests.helpers import PoolBasics, compose_cfg, stage
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.engines.host import EngineHost
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.pool import Job, LocalPool, local_slots
 from throttle_sweep.records import read_records
+from throttle_sweep.slot import WarmSlot
 
 
 def test_two_slots_measure_at_the_same_time_and_return_to_the_caller():
@@ -97,7 +97,7 @@ def test_auto_gives_the_cpu_engine_one_slot_per_group_of_its_threads(monkeypatch
     (["slots=2", "ray.enabled=true"], r"slots=2 counts slots on this machine; with ray.enabled=true .*ray.slots"),
 ])
 def test_a_bad_slot_count_is_named_before_any_engine_starts(tmp_path, monkeypatch, overrides, message):
-    monkeypatch.setattr(EngineHost, "__init__", lambda *a, **k: pytest.fail("an engine process started"))
+    monkeypatch.setattr(WarmSlot, "make_host", staticmethod(lambda *a, **k: pytest.fail("an engine started")))
     monkeypatch.setattr("throttle_sweep.engines.vllm_inproc.cpu_build", lambda: False)  # as on a GPU machine
     cfg = compose_cfg("backend=fake", "+space=batching", *overrides, tmp_path=tmp_path)
     with pytest.raises(ConfigError, match=message):
@@ -110,7 +110,7 @@ def test_an_endpoint_is_one_slot(tmp_path):
 
 
 def test_a_sweep_on_two_slots_keeps_each_comparison_on_one_slot_and_both_busy(tmp_path):
-    """The fake engine, in engine processes, on two local slots: both slots measure, every comparison's
+    """The fake engine, in each slot's thread, on two local slots: both slots measure, every comparison's
     replicates share one slot, the two slots' work overlaps in time, and the answer is the one slot's."""
     def sweep(name, *extra):
         cfg = compose_cfg("backend=fake", "+space=batching", "~space.max_num_batched_tokens",

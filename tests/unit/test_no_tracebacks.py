@@ -11,14 +11,14 @@ from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeEngine
-from throttle_sweep.engines.host import EngineHost
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.slot import WarmSlot
 
 
 @pytest.fixture(autouse=True)
 def no_engine(monkeypatch):
     monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("an engine started"))
-    monkeypatch.setattr(EngineHost, "__init__", lambda *a, **k: pytest.fail("an engine process started"))
+    monkeypatch.setattr(WarmSlot, "make_host", staticmethod(lambda *a, **k: pytest.fail("an engine started")))
 
 
 @pytest.mark.parametrize("command", [measure_cmd, compare_cmd])

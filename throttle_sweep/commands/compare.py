@@ -98,7 +98,7 @@ def run(cfg: DictConfig, console: Console) -> int:
                           "records): it starts again from scratch, so that one engine process measures it all")
         elif done:
             console.print(f"already measured: all {len(done)} replicates")
-        slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)  # the environment is read in the engine process
+        slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)  # the environment is read where the engine runs
         measure = partial(_measure, slot, context={"comparison": comparison, "schedule": cfg.compare.schedule,
                                                    "runs_planned": len(order)},
                           warmup=cfg.compare.warmup_replicate)
