@@ -86,8 +86,7 @@ class Probes:
         self.runner.say(f"{comp.key}: " + (f"{count} preemptions" if ok else f"failed ({record.get('reason')})"))
 
     def rest(self) -> int:
-        return self.runner.runs_ahead(max(0, self.view.settings.n_trials - self.view.measured_trials()
-                                          - len(self.view.open)))
+        return self.runner.runs_ahead()
 
 
 def find_boundaries(runner: Runner, view: StudyView) -> None:

@@ -13,7 +13,7 @@ from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe, ordered
 from throttle_sweep.search.driver import SweepResult
-from throttle_sweep.search.trials import cost, feasible
+from throttle_sweep.search.trials import cost, feasible, told_reference
 from throttle_sweep.search.winner import WINNER_RULE, Confirmation
 
 
@@ -88,7 +88,7 @@ def fmt_params(params: Mapping[str, Any]) -> str:
 
 def yardstick(study: optuna.Study) -> str:
     """What the search's ratios are to: the reference point (probes.choose_reference) or the baseline."""
-    ref = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "reference"), None)
+    ref = told_reference(study)
     return f"reference {fmt_params(ref.params)}" if ref is not None else "baseline"
 
 

@@ -191,10 +191,11 @@ class Runner:
                  f"{fault.record.get('reason')}); it starts again from scratch "
                  f"(attempt {comp.faults + 2} of {MAX_ATTEMPTS})")
 
-    def runs_ahead(self, trials_left: int) -> int:
+    def runs_ahead(self) -> int:
         """The most runs the search and confirmation may still start: trials not yet under way, each a whole
         comparison, and the first round of confirmation (a progress estimate; early stops give runs back)."""
         s, warmup = self.settings, int(self.settings.warmup_replicate)
+        trials_left = max(0, s.n_trials - self.view.measured_trials() - len(self.view.open))
         k = s.confirm_top
         confirm = ((k + 1) * s.confirm_replicates + warmup if confirms_together(s, self.pool, k)
                    else k * (2 * s.confirm_replicates + warmup)) if k else 0

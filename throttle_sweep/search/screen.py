@@ -69,8 +69,7 @@ class Screen:
         return trials
 
     def rest(self) -> int:
-        v = self.view
-        return self.runner.runs_ahead(max(0, v.settings.n_trials - v.measured_trials() - len(v.open)))
+        return self.runner.runs_ahead()
 
     # ---- the next comparison ----------------------------------------------------------------------------
     def next(self, slot: int) -> Comparison | None:
