@@ -223,21 +223,16 @@ TIMER_TICKS = 1000  # measured work should span at least this many ticks of the 
 
 
 def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
-    """The rule for a replicate's size: its measured work should take longer than an engine start and span
-    at least TIMER_TICKS ticks of the timer. Shorter work spends most machine time on start-up (a GPU engine
-    starts in 15-35 s) and lets fixed per-run costs and timer steps weigh in the cost per token."""
+    """Work too short for its timer: under TIMER_TICKS ticks, timer steps weigh in the cost per token, which
+    changes how to read the answer. A start longer than the work does not: the judged cost leaves the start
+    out (the budget and the plan count it as machine time)."""
     tick = time.get_clock_info("perf_counter").resolution
     for r in records:
-        wall, start = r.get("wall_s"), r.get("engine_start_s") or 0.0
-        if r.get("status") != "ok" or not wall:
-            continue
-        if wall < start or wall < TIMER_TICKS * tick:
-            shorter = (f"shorter than its engine's start ({start:.2f} s)" if wall < start
-                       else f"under {TIMER_TICKS} ticks of the timer ({tick:g} s each)")
-            return (f"a replicate's measured work took {wall:.2f} s, {shorter}: most machine time goes to "
-                    "start-up and fixed per-run costs weigh in its cost per token; raise workload.num_requests "
-                    "(or output_len) until the work outlasts an engine start (engine=gpu brings a GPU-sized "
-                    "workload)")
+        wall = r.get("wall_s")
+        if r.get("status") == "ok" and wall and wall < TIMER_TICKS * tick:
+            return (f"a replicate's measured work took {wall:.2g} s, under {TIMER_TICKS} ticks of the timer "
+                    f"({tick:g} s each), so timer steps weigh in its cost per token; raise workload.num_requests "
+                    "(or output_len)")
     return None
 
 
