@@ -93,7 +93,7 @@ def unknown_key_message(e: ConfigAttributeError | ConfigKeyError, overrides: lis
         cfg = compose_quiet(rest, conf_dir)  # the config as given, less the bad override: backend, server ...
         if cfg is not None:
             from throttle_sweep.engines.flags import check_flags
-            from throttle_sweep.settings import engine_from
+            from throttle_sweep.settings.sections import engine_from
 
             check_flags({name: o.value()}, engine_from(cfg).flag_schema(), source=f"command line '{line}'")  # raises
             return (f"command line '{line}': engine flag '{name}' is valid but not in the config's {node} flags; "

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from throttle_sweep.cost import PARALLEL, Price
 from throttle_sweep.engines import Engine
 from throttle_sweep.engines.flags import flags_key
@@ -354,22 +352,20 @@ class RayPool(HeldRecords):
 
 
 
-def make_ray_pool(cfg: DictConfig, engine: Engine, spec: WorkloadSpec, price: Price, *, run_id: str, out: Path,
+def make_ray_pool(ray_conf: Mapping[str, Any], engine: Engine, spec: WorkloadSpec, price: Price, *,
+                  engine_flags: Mapping[str, Any], warm: Mapping[str, Any], run_id: str, out: Path,
                   say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()
                   ) -> tuple[RayPool, Callable[[], None]]:
-    """`starts`: the flags the sweep may start an engine with (the baseline, the space's extremes): a slot
-    holds the GPUs of the largest of them."""
+    """`ray_conf`: the ray config group; `engine_flags`: the engine group; `warm`: how a slot keeps its
+    engines warm (settings.sections.warm_engines_from). `starts`: the flags the sweep may start an engine with
+    (the baseline, the space's extremes): a slot holds the GPUs of the largest of them."""
     import ray
 
-    from throttle_sweep.settings import plain, warm_engines_from
-
-    ray_conf = plain(cfg.ray)
-    world = engine_world([("engine", plain(cfg.engine) or {}), *starts])  # checked before Ray starts
+    world = engine_world([("engine", dict(engine_flags)), *starts])  # checked before Ray starts
     stop = connect(ray_conf, out, say)
     try:
         shape = slot_shape(ray_conf, ray.cluster_resources(), world)
         remote = ray.remote(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, max_restarts=0)(SlotActor)
-        warm = warm_engines_from(cfg)
 
         def header(job: Job, environment: Mapping[str, Any]) -> dict[str, Any]:
             return record_header(engine, job.flags, spec, price, run_id=run_id, arm=job.arm, position=job.position,

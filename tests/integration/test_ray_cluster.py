@@ -192,11 +192,12 @@ def test_a_hung_engine_is_ended_at_its_deadline_and_blamed_on_the_slot_not_the_c
 def test_an_actor_that_died_idle_is_not_blamed_on_the_next_replicate(cluster, tmp_path):
     from throttle_sweep.cluster import make_ray_pool
     from throttle_sweep.pool import Job
-    from throttle_sweep.settings import engine_from, price_from, workload_from
+    from throttle_sweep.settings.sweep import load_sweep
 
     cfg = compose_cfg(*FAKE, "ray.enabled=true", f"ray.address={cluster.address}", "ray.slots=1", tmp_path=tmp_path)
-    pool, close = make_ray_pool(cfg, engine_from(cfg), workload_from(cfg), price_from(cfg), run_id="idle",
-                                out=tmp_path, say=lambda _: None)
+    run = load_sweep(cfg)
+    pool, close = make_ray_pool(run.ray, run.engine, run.spec, run.price, engine_flags=run.measurement["engine"],
+                                warm=run.warm, run_id="idle", out=tmp_path, say=lambda _: None)
     try:
         job = Job(0, {"max_num_seqs": 2, "max_model_len": 1024}, "candidate", 0, {"comparison": "c"})
         pool.submit(job)

@@ -52,7 +52,7 @@ def test_overrides_compose_back_to_exactly_the_recorded_values():
     (deleted with ~) is composed without it, not with the default back."""
     from tests.helpers import compose_cfg
     from throttle_sweep.provenance import overrides_for
-    from throttle_sweep.settings import plain
+    from throttle_sweep.settings.sections import plain
 
     engine = {"model": "org/m-1.0", "revision": "12e45678", "tokenizer_mode": "True", "seed": 0,
               "max_model_len": 256, "kv_cache_memory_bytes": None, "hf_overrides": {"a": 1.5}}

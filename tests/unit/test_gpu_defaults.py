@@ -7,7 +7,7 @@ import optuna
 
 from tests.helpers import compose_cfg
 from throttle_sweep.search.space import build_space, within_in_flight
-from throttle_sweep.settings import arm_flags, plain, workload_from
+from throttle_sweep.settings.sections import arm_flags, plain, workload_from
 
 VLLM_SERVED = {"max_num_seqs": (256, 1024), "max_num_batched_tokens": (2048, 8192, 16384)}  # A100, H100, B200
 

@@ -210,8 +210,8 @@ def test_with_two_slots_a_schedule_in_flight_on_one_is_not_compared_again_on_the
     second of those configurations used to be compared in full beside the first, whose answer was not in yet
     (every clean max_num_seqs was compared twice here). Now it waits for that answer while its slot takes other
     work, and is told it."""
-    monkeypatch.setattr(sweep_cmd, "make_pool", lambda cfg, engine, spec, price, **_: (TwoSlots(engine, spec, price),
-                                                                                      lambda: None))
+    monkeypatch.setattr(sweep_cmd, "make_pool", lambda run, **_: (TwoSlots(run.engine, run.spec, run.price),
+                                                                   lambda: None))
     study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "two", "study.n_trials=6")
     assert {r["slot"] for r in records if r["stage"] == "search"} == {"s0", "s1"}  # both slots compared
     compared = [t for t in study.trials if t.number in {r["trial"] for r in records if r["stage"] == "search"}]
@@ -252,8 +252,8 @@ class FaultyTwoSlots(TwoSlots):
 def test_trials_waiting_for_a_twin_whose_comparison_is_lost_are_all_answered(tmp_path, monkeypatch):
     """A comparison lost to its slot starts again; the trials waiting for its answer wait behind it. None is
     ever left open (RUNNING), which would also hold a place in the trial budget for good."""
-    monkeypatch.setattr(sweep_cmd, "make_pool", lambda cfg, engine, spec, price, **_: (
-        FaultyTwoSlots(engine, spec, price, every=7), lambda: None))
+    monkeypatch.setattr(sweep_cmd, "make_pool", lambda run, **_: (
+        FaultyTwoSlots(run.engine, run.spec, run.price, every=7), lambda: None))
     study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "faulty", "study.n_trials=6")
     assert [r for r in records if r.get("infrastructure")]
     assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
@@ -284,8 +284,8 @@ class FirstRunLost(TwoSlots):
 def test_a_comparison_started_again_is_never_probed_against_itself(tmp_path, monkeypatch):
     """One slot: a comparison lost to its slot starts again as it was, with no schedule probe in between (a
     trial in flight is never its own neighbour)."""
-    monkeypatch.setattr(sweep_cmd, "make_pool", lambda cfg, engine, spec, price, **_: (
-        FirstRunLost(engine, spec, price), lambda: None))
+    monkeypatch.setattr(sweep_cmd, "make_pool", lambda run, **_: (
+        FirstRunLost(run.engine, run.spec, run.price), lambda: None))
     study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "again", "study.n_trials=6")
     lost = {r["trial"] for r in records if r.get("infrastructure")}
     assert len(lost) >= 3

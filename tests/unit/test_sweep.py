@@ -123,11 +123,14 @@ def test_export_writes_configs_and_export_mode_rebuilds_them(tmp_path):
     ("study.sampler=cmaes", "study.sampler must be one of"),
     ("study.n_trials=0", "study.n_trials must be at least 1"),
 ])
-def test_bad_space_fails_before_any_engine_starts(tmp_path, monkeypatch, override, message):
+def test_bad_space_fails_before_any_engine_starts_or_any_file_is_written(tmp_path, monkeypatch, override, message):
+    """The whole configuration is checked at once (settings/sweep.load_sweep) before the command writes its
+    results folder or opens its study: a bad key costs nothing and leaves nothing behind."""
     monkeypatch.setattr(FakeEngine, "start", lambda *a: pytest.fail("engine started"))
     cfg = compose_cfg("backend=fake", "+space=batching", override, tmp_path=tmp_path)
     with pytest.raises(ConfigError, match=message):
         sweep_cmd.run(cfg, Console(quiet=True))
+    assert not list(tmp_path.iterdir())
 
 
 WHOLE = 2 + 2  # replicates of one comparison: 2 per arm (each engine warms itself, unrecorded)
@@ -140,7 +143,7 @@ WHOLE = 2 + 2  # replicates of one comparison: 2 per arm (each engine warms itse
 def test_every_shipped_config_composes_and_passes_its_checks(overrides):
     from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
     from throttle_sweep.search.space import build_space
-    from throttle_sweep.settings import plain, price_from, workload_from
+    from throttle_sweep.settings.sections import plain, price_from, workload_from
 
     cfg = compose_cfg(*overrides)
     price_from(cfg)

@@ -12,11 +12,11 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input
-from throttle_sweep.commands.compare import thresholds_from
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.inventory import COMPARISON, MEASURE, PROBE, Entry, inventory
 from throttle_sweep.report import lines, write
+from throttle_sweep.settings.sections import thresholds_from
 
 
 def run(cfg: DictConfig, console: Console) -> int:

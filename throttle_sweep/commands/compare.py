@@ -9,9 +9,8 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep.analysis import COST_BASES, analyse, arm_labels
+from throttle_sweep.analysis import analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
-from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
 from throttle_sweep.progress import progress_for
 from throttle_sweep.provenance import claim_run_folder
@@ -19,47 +18,22 @@ from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
 from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
-from throttle_sweep.settings import (
+from throttle_sweep.settings.notes import concurrency_note, few_replicates_note, kv_size_note, shared_engine_note
+from throttle_sweep.settings.sections import (
     arm_flags,
-    concurrency_note,
+    cost_basis_from,
     endpoint_arms,
     engine_from,
-    few_replicates_note,
-    kv_size_note,
     plain,
     preflight,
     price_from,
     run_dir,
-    shared_engine_note,
+    thresholds_from,
     warm_engines_from,
     workload_from,
 )
 from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
-from throttle_sweep.stats import Thresholds
-
-
-def thresholds_from(cfg: DictConfig) -> Thresholds:
-    t = Thresholds(cfg.compare.alpha, cfg.compare.min_effect, cfg.compare.equivalence_margin)
-    t.check()
-    return t
-
-
-def cost_basis_from(cfg: DictConfig) -> str:
-    """The cost a verdict judges; an open loop's cost follows its arrival schedule, not the engine, so it is
-    judged only when asked for by name."""
-    basis, loop = cfg.compare.cost, cfg.workload.loop
-    if basis not in COST_BASES:
-        raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {basis!r}")
-    if loop == "open" and basis != "offered_load":
-        raise ConfigError(
-            f"workload.loop=open with compare.cost={basis}: an open loop's cost per token follows the arrival "
-            "rate (the engine idles between arrivals), not the flags; judge cost on a closed loop "
-            "(workload=closed_loop), keep the open loop for latency limits in mode=measure, or set "
-            "compare.cost=offered_load to judge cost at this offered load on purpose")
-    if loop == "closed" and basis == "offered_load":
-        raise ConfigError("compare.cost=offered_load needs workload.loop=open; a closed loop has no offered load")
-    return basis
 
 
 def run(cfg: DictConfig, console: Console) -> int:

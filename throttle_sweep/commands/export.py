@@ -24,7 +24,7 @@ from throttle_sweep.provenance import conflicts, overrides_for, refuse_conflicts
 from throttle_sweep.records import read_records
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
-from throttle_sweep.settings import arm_flags, user_overrides
+from throttle_sweep.settings.sections import arm_flags, user_overrides
 
 
 def recorded_measurement(study: optuna.Study, out: Path) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def command_line_sections(cfg: DictConfig) -> dict[str, Any]:
     """This command line's measured sections, in the form a study records them."""
     from dataclasses import asdict
 
-    from throttle_sweep.settings import plain, workload_from
+    from throttle_sweep.settings.sections import plain, workload_from
 
     engine = plain(cfg.engine)
     return {"backend": cfg.backend, "engine": engine, "baseline": arm_flags(arm_flags(engine), plain(cfg.baseline)),
@@ -117,7 +117,7 @@ def check_command_line(cfg: DictConfig, measured: Mapping[str, Any], name: str) 
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    from throttle_sweep.commands.sweep import study_location
+    from throttle_sweep.settings.sweep import study_location
 
     if not cfg.study.name:
         raise ConfigError("mode=export needs study.name=NAME (the folder under results/)")

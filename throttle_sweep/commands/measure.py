@@ -11,12 +11,11 @@ from throttle_sweep.measure import measure_replicate, one_line, short_work_note
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
-from throttle_sweep.settings import (
+from throttle_sweep.settings.notes import concurrency_note, kv_size_note
+from throttle_sweep.settings.sections import (
     arm_flags,
-    concurrency_note,
     endpoint_arms,
     engine_from,
-    kv_size_note,
     plain,
     preflight,
     price_from,

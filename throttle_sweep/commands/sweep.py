@@ -1,12 +1,12 @@
-"""mode=sweep (or just `+space=NAME`): search, confirm, report, export."""
+"""mode=sweep (or just `+space=NAME`): search, confirm, report, export. The configuration is read and checked
+in settings/sweep.py; this module wires the study, the slots and the driver, and says what they found."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,6 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
-from throttle_sweep.commands.compare import cost_basis_from, thresholds_from
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
@@ -24,167 +23,59 @@ from throttle_sweep.progress import Progress, progress_for
 from throttle_sweep.provenance import claim_run_folder, differences, has_records, refuse_conflicts
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
-from throttle_sweep.search.boundary import choose_knob, ordered
 from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.options import SweepSettings
 from throttle_sweep.search.report import baseline_words, lines, write_report
 from throttle_sweep.search.runner import SweepStopped
-from throttle_sweep.search.space import build_space, grid, within_in_flight
 from throttle_sweep.search.trials import resume_key, same_yardstick
-from throttle_sweep.settings import (
-    arm_flags,
-    endpoint_arms,
-    engine_from,
-    few_replicates_note,
-    folder_name,
-    kv_size_note,
-    plain,
-    preflight,
-    price_from,
-    shared_engine_note,
-    slots_from,
-    warm_engines_from,
-    workload_from,
-)
+from throttle_sweep.settings.sections import arm_flags
+from throttle_sweep.settings.sweep import SweepRun, load_sweep, space_extremes
 from throttle_sweep.signals import shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
-SAMPLERS = ("tpe", "gp", "random", "grid")
 
-
-def space_name() -> str:
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return HydraConfig.get().runtime.choices.get("space") or "custom"
-    return "custom"
-
-
-def space_file(name: str) -> str:
-    """Where `space/NAME.yaml` was found: ours in the package's conf/, or the user's own (hydra.searchpath)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        for source in HydraConfig.get().runtime.config_sources:
-            if source.schema == "file" and (Path(source.path) / "space" / f"{name}.yaml").exists():
-                return str(Path(source.path) / "space" / f"{name}.yaml")
-    return f"throttle_sweep/conf/space/{name}.yaml"
-
-
-def study_location(cfg: DictConfig) -> tuple[str, Path, str]:
-    """(study name, results folder, storage URL)."""
-    name = folder_name(cfg.study.name or cfg.run or f"sweep-{space_name()}", key="study.name")
-    out = Path(cfg.results_dir) / name
-    storage = cfg.study.storage or f"sqlite:///{out / 'study.db'}"
-    return name, out, storage
-
-
-def make_sampler(cfg: DictConfig, distributions: dict[str, Any], parallel: bool, offset: int = 0
-                 ) -> optuna.samplers.BaseSampler:
-    kind, seed = cfg.study.sampler, cfg.study.seed
+def make_sampler(run: SweepRun, parallel: bool, offset: int = 0) -> optuna.samplers.BaseSampler:
+    seed = run.seed
     if offset:  # a resumed study: a seed of its own, well mixed (nearby seeds can start alike)
         seed = int(np.random.SeedSequence([seed, offset]).generate_state(1)[0])
-
-    if kind == "tpe":
-        startup = max(3, min(10, cfg.study.n_trials // 3))
+    if run.sampler == "tpe":
+        startup = max(3, min(10, run.settings.n_trials // 3))
         # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (search/trials.py)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=parallel)
-    if kind == "gp":
+    if run.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed)
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if kind == "grid":  # the sweep enqueues each grid point (see grid_points); the sampler only fills gaps
-        grid(distributions)
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ConfigError(f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {kind!r}")
-
-
-def settings_from(cfg: DictConfig) -> SweepSettings:
-    s = cfg.study
-    for key in ("n_trials", "confirm_replicates"):
-        if s[key] is None or s[key] < (1 if key == "n_trials" else 2):
-            raise ConfigError(f"study.{key} must be at least {1 if key == 'n_trials' else 2}, but got {s[key]!r}")
-    if s.confirm_top < 0 or s.max_preemptions < 0:
-        raise ConfigError("study.confirm_top and study.max_preemptions must be >= 0")
-    for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_tpot_s", "max_p95_itl_s"):
-        if s[key] is not None and s[key] <= 0:
-            raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
-    if s.reference not in ("auto", "baseline"):
-        raise ConfigError(f"study.reference must be auto or baseline, but got {s.reference!r}")
-    return SweepSettings(
-        n_trials=s.n_trials, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
-        usd_per_gpu_hour=cfg.cost.usd_per_gpu_hour, max_preemptions=s.max_preemptions,
-        max_p95_ttft_s=s.max_p95_ttft_s, max_p95_tpot_s=s.max_p95_tpot_s, max_p95_itl_s=s.max_p95_itl_s,
-        cost_basis=cost_basis_from(cfg), schedule=cfg.compare.schedule,
-        replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
-        warmup_replicate=cfg.compare.warmup_replicate,
-        confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
-        thresholds=thresholds_from(cfg), multi_objective=s.multi_objective,
-        boundary_settings_max=s.boundary_settings_max, sequential=s.sequential, same_schedule=s.same_schedule,
-        reference=s.reference, shared_baseline=s.shared_baseline)
+    return optuna.samplers.RandomSampler(seed=seed)  # random; grid: the sweep enqueues each point, this fills gaps
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    if cfg.space is None:
-        raise ConfigError("a sweep needs a search space: add +space=batching (or memory, scheduler, or your own)")
-    if cfg.backend == "endpoint":
-        endpoint_arms(cfg)  # refuses: a sweep sets flags, and a server someone else runs takes none
-    price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
-    settings = settings_from(cfg)
-    warm_engines_from(cfg)  # checked before anything starts
-    slots_from(cfg)
-    name, out, storage = study_location(cfg)
-    source = f"space '{space_name()}' ({space_file(space_name())})"
-    distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
-    clip_note = None
-    if spec.loop == "closed":
-        distributions, clip_note = within_in_flight(distributions, min(spec.concurrency, spec.num_requests),
-                                                    source=source)
-    settings = replace(settings, boundary_knob=boundary_knob(cfg, distributions))
-    base = arm_flags(plain(cfg.engine))
-    baseline = arm_flags(base, plain(cfg.baseline))
-    preflight(engine, baseline, spec, source="baseline")
-    for flag, flags in space_extremes(base, distributions):  # the extremes of the space must pass the same checks
-        preflight(engine, flags, spec, source=f"{source}: {flag}")
-    if (note := few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates")) is not None:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)  # the winner's interval is a confirmation's
-    if (note := shared_engine_note(warm_engines_from(cfg))) is not None:
+    sweep_run = load_sweep(cfg)  # every check, before anything starts
+    for note in sweep_run.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
-    for note in (clip_note, kv_size_note(baseline, source="baseline")):
-        if note is not None:
-            console.print(f"[yellow]note:[/] {note}", highlight=False)
-    with hold(out, what=f"study {name!r}"):  # one writer: records, study and leftovers are ours alone
-        return run_locked(cfg, console, name=name, out=out, storage=storage, distributions=distributions,
-                          base=base, baseline=baseline, spec=spec, engine=engine, price=price, settings=settings)
+    with hold(sweep_run.out, what=f"study {sweep_run.name!r}"):  # one writer: records, study and leftovers are ours
+        return run_locked(sweep_run, console)
 
 
-def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, storage: str, distributions: dict[str, Any],
-               base: dict[str, Any], baseline: dict[str, Any], spec: Any, engine: Any, price: Any,
-               settings: SweepSettings) -> int:
+def run_locked(run: SweepRun, console: Console) -> int:
     say = partial(console.print, highlight=False)
-    claim_run_folder(out, plain(cfg), "sweep")  # before the study: a measure or compare folder is not taken over
-    study = open_study(cfg, name, storage, distributions, settings)  # a bad sampler fails here, before any engine
-    measurement = {"backend": cfg.backend, "engine": plain(cfg.engine), "baseline": baseline,
-                   "workload": asdict(spec), "cost": plain(cfg.cost)}
-    same_measurement(study, measurement, measured=has_records(out))
-    same_yardstick(study, settings, name)
+    out, settings = run.out, run.settings
+    claim_run_folder(out, run.config, "sweep")  # before the study: a measure or compare folder is not taken over
+    study = open_study(run)
+    same_measurement(study, run.measurement, measured=has_records(out))
+    same_yardstick(study, settings, run.name)
     log = RecordLog(out / "replicates.jsonl", say=say)
     before = len(log.records)
     closer, progress, sweep = None, None, None
     try:
         with stop_on_sigterm():
             # every set of flags the sweep may start: a Ray slot must hold the GPUs of the largest engine
-            starts = [("baseline", baseline), *((f"space.{flag}={flags[flag]}", flags)
-                                                for flag, flags in space_extremes(base, distributions))]
-            pool, closer = make_pool(cfg, engine, spec, price, run_id=name, out=out, say=say, starts=starts)
+            starts = [("baseline", run.baseline), *((f"space.{flag}={flags[flag]}", flags)
+                                                    for flag, flags in space_extremes(run.base, run.distributions))]
+            pool, closer = make_pool(run, say=say, starts=starts)
             # what this run measures with, written once its slots are up (a run refused before that, say by
             # a Ray cluster that does not answer, leaves the study's record of its configuration as it was)
-            for key, value in measurement.items():
+            for key, value in run.measurement.items():
                 study.set_user_attr(key, value)
-            OmegaConf.save(cfg, out / "config.yaml")
-            sweep, progress = open_sweep(cfg, console, study, name=name, storage=storage, distributions=distributions,
-                                         base=base, baseline=baseline, spec=spec, pool=pool, log=log,
-                                         settings=settings)
+            OmegaConf.save(OmegaConf.create(run.config), out / "config.yaml")
+            sweep, progress = open_sweep(run, console, study, pool=pool, log=log)
             result = sweep.run()
     except (KeyboardInterrupt, SweepStopped) as exc:
         with shielded():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
@@ -206,11 +97,11 @@ def run_locked(cfg: DictConfig, console: Console, *, name: str, out: Path, stora
         if closer is not None:
             with shielded():
                 closer()
-    for line in lines(result, price, settings.max_preemptions):
+    for line in lines(result, run.price, settings.max_preemptions):
         say(line)
     if (note := short_work_note(log.records)) is not None:
         say(f"[yellow]note:[/] {note}")
-    report = write_report(out, result, price, settings.max_preemptions, plots=cfg.plots)
+    report = write_report(out, result, run.price, settings.max_preemptions, plots=run.plots)
     say(f"report: {report}")
     if result.winner is None:
         study.set_user_attr("winner", None)  # an earlier run's winner is not this study's answer any more
@@ -241,14 +132,14 @@ def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: b
                      advice="Its ratios cannot be ranked with new ones: choose another study.name")
 
 
-def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str, Any],
-               settings: SweepSettings) -> optuna.Study:
+def open_study(run: SweepRun) -> optuna.Study:
     """Create the study, or load it to resume; refused if its objectives differ from this run's."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep says what it opened, in its own words
+    name, storage, settings = run.name, run.storage, run.settings
     directions = ["minimize", "minimize"] if settings.multi_objective else ["minimize"]
     try:
         study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True,
-                                    sampler=make_sampler(cfg, distributions, parallel=False))
+                                    sampler=make_sampler(run, parallel=False))
     except ValueError as exc:
         raise ConfigError(f"study {name!r} in {storage} cannot be opened: {exc}") from exc
     except (ImportError, OSError, SQLAlchemyError) as exc:  # no driver for the URL, a server that does not answer
@@ -264,83 +155,46 @@ def open_study(cfg: DictConfig, name: str, storage: str, distributions: dict[str
     return study
 
 
-def open_sweep(cfg: DictConfig, console: Console, study: optuna.Study, *, name: str, storage: str,
-               distributions: dict[str, Any], base: dict[str, Any], baseline: dict[str, Any], spec: Any,
-               pool: Any, log: RecordLog, settings: SweepSettings) -> tuple[Sweep, Progress]:
+def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: Any, log: RecordLog
+               ) -> tuple[Sweep, Progress]:
     """The driver around the study, and its live progress; the sampler knows how many slots run at once, and a
     resumed study gets a fresh seed (the same seed would propose the points it proposed last time again)."""
+    settings, distributions, baseline = run.settings, run.distributions, run.baseline
     previous = sum(1 for t in study.trials if t.state.is_finished())
-    study.sampler = make_sampler(cfg, distributions, parallel=pool.size > 1, offset=len(study.trials))
-    study.set_user_attr("space", plain(cfg.space))
+    study.sampler = make_sampler(run, parallel=pool.size > 1, offset=len(study.trials))
+    study.set_user_attr("space", run.space)
     with warnings.catch_warnings():  # set_metric_names is "experimental"; it names the axes in optuna-dashboard
         warnings.simplefilter("ignore")
         # the ratio is to the search's yardstick: the baseline, or the reference point (study attr `reference`)
         study.set_metric_names(["cost_ratio", "p95_e2e_s"][: len(study.directions)])
-    console.print(f"sweep '{name}': {', '.join(distributions)} over {settings.n_trials} trials, "
+    console.print(f"sweep '{run.name}': {', '.join(distributions)} over {settings.n_trials} trials, "
                   f"{'up to ' if settings.sequential else ''}{settings.replicates}+{settings.replicates} interleaved "
                   f"replicates each ({settings.schedule}{', after a warm-up run' if settings.warmup_replicate else ''}"
                   f"{', stopping once decided' if settings.sequential else ''}), {pool.size} slot(s); "
                   + (f"preemption boundary along {settings.boundary_knob} probed first; " if settings.boundary_knob
-                     else "") + f"{baseline_words(baseline)}, flags {baseline}; study {storage}")
+                     else "") + f"{baseline_words(baseline)}, flags {baseline}; study {run.storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
     progress = progress_for(console, 0)  # the driver plans its runs as it goes (search/events.py)
-    sweep = Sweep(study=study, distributions=distributions, base_flags=base, baseline_flags=baseline,
-                  workload_key={"workload": asdict(spec), "backend": cfg.backend}, pool=pool,
-                  write=log.append, existing=log.records, settings=settings,
-                  grid=grid_points(distributions, seed=cfg.study.seed) if cfg.study.sampler == "grid" else None,
-                  progress=progress)
+    sweep = Sweep(study=study, distributions=distributions, base_flags=run.base, baseline_flags=baseline,
+                  workload_key={"workload": asdict(run.spec), "backend": run.measurement["backend"]}, pool=pool,
+                  write=log.append, existing=log.records, settings=settings, grid=run.grid, progress=progress)
     return sweep, progress
 
 
-def grid_points(distributions: dict[str, Any], *, seed: int) -> list[dict[str, Any]]:
-    """Every grid point in a seeded shuffled order. Optuna's GridSampler stops the study from inside `tell`,
-    which ask-and-tell loops cannot use; so the sweep enqueues the next unanswered point just before it asks,
-    which leaves no waiting trials behind and puts a resumed trial before new points."""
-    import itertools
-    import random
-
-    values = grid(distributions)
-    points = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
-    random.Random(seed).shuffle(points)
-    return points
-
-
-def boundary_knob(cfg: DictConfig, distributions: dict[str, Any]) -> str | None:
-    """The knob probed for the preemption boundary (study.boundary), checked against the space."""
-    wanted = cfg.study.boundary
-    knob = choose_knob(distributions, wanted)
-    if knob is not None and (knob not in distributions or not ordered(distributions[knob])):
-        ordered_knobs = [k for k, d in distributions.items() if ordered(d)]
-        raise ConfigError(f"study.boundary must be auto, none or an ordered knob of the space "
-                          f"({', '.join(ordered_knobs) or 'none has an order'}), but got {wanted!r}")
-    return knob
-
-
-def space_extremes(base: Mapping[str, Any], distributions: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Each knob at each end of its range (every choice of a categorical one), on the base flags."""
-    return [(flag, {**base, flag: value}) for flag, dist in distributions.items() for value in _extremes(dist)]
-
-
-def _extremes(dist: Any) -> list[Any]:
-    if isinstance(dist, optuna.distributions.CategoricalDistribution):
-        return list(dist.choices)
-    return [dist.low, dist.high]
-
-
-def make_pool(cfg: DictConfig, engine: Any, spec: Any, price: Any, *, run_id: str, out: Path,
-              say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()):
+def make_pool(run: SweepRun, *, say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()):
     """This machine's slots (`slots`), or Ray actors (cluster.py) when ray.enabled."""
-    if cfg.ray.enabled:
+    if run.ray is not None:
         from throttle_sweep.cluster import make_ray_pool
 
-        return make_ray_pool(cfg, engine, spec, price, run_id=run_id, out=out, say=say, starts=starts)
-    count, why = slots_from(cfg)
+        return make_ray_pool(run.ray, run.engine, run.spec, run.price, engine_flags=run.measurement["engine"] or {},
+                             warm=run.warm, run_id=run.name, out=run.out, say=say, starts=starts)
+    count, why = run.local_slots
     if count > 1:
         say(f"{count} slots on this machine ({why}; slots=1 for one): each comparison runs all its replicates on "
             "one slot, side by side with the others")
     # a slot reads the environment where its engines run: the driver need not import vLLM
-    slots = [WarmSlot(engine, spec, price, run_id=run_id, name=f"local-{i}", **warm_engines_from(cfg))
+    slots = [WarmSlot(run.engine, run.spec, run.price, run_id=run.name, name=f"local-{i}", **run.warm)
              for i in range(count)]
     for slot in slots:
         slot.warm_up()

@@ -1,5 +1,5 @@
 """What a sweep is told to do: its budgets, limits, schedules and rules, checked before it starts
-(settings.py builds it from the config)."""
+(settings/sweep.py builds it from the config)."""
 
 from __future__ import annotations
 

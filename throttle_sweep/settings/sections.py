@@ -1,4 +1,5 @@
-"""From a composed config to checked objects. Every check here runs before any engine starts."""
+"""One config group at a time, to checked objects: the price, the workload, the engine, the arms' flags, warm
+engines, slots, the decision thresholds. Every check here runs before any engine starts."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from throttle_sweep.analysis import COST_BASES
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine, FakeKnobs, make_engine
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.engines.model_source import check_model_reachable
 from throttle_sweep.errors import ConfigError, nearest
 from throttle_sweep.models import TINY_QWEN2, model_config
+from throttle_sweep.stats import Thresholds
 from throttle_sweep.workload import WorkloadSpec
 
 
@@ -171,55 +174,29 @@ def folder_name(name: str, *, key: str) -> str:
     return name
 
 
-TINY_KV = 64 << 20  # below this a KV cache is the embedded tiny model's size (tiny_cpu: 2.25 MiB), not a real model's
-
-
-def kv_size_note(flags: Mapping[str, Any], *, source: str) -> str | None:
-    """A named model with the embedded tiny model's KV cache size (engine=tiny_cpu's default) would fail to
-    start, or preempt from the first request, after its engine has loaded: say so before measuring."""
-    size = flags.get("kv_cache_memory_bytes")
-    if flags.get("model") is None or size is None or size >= TINY_KV:
-        return None
-    return (f"{source}.kv_cache_memory_bytes={size} ({size / (1 << 20):.2f} MiB) is sized for the embedded tiny "
-            f"model, not {flags['model']!r}: with engine=gpu vLLM sizes the KV cache from GPU memory "
-            "(kv_cache_memory_bytes=null); on the CPU build set a size that holds the work's requests")
-
-
-def concurrency_note(flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> str | None:
-    """max_num_seqs above what a closed loop keeps in flight changes nothing: say so before measuring.
-    `source` names where the value came from (an arm, the engine; a sweep clips its space instead)."""
-    seqs = flags.get("max_num_seqs")
-    if spec.loop == "closed" and seqs is not None and seqs > min(spec.concurrency, spec.num_requests):
-        return (f"{source}.max_num_seqs={seqs} is above the {min(spec.concurrency, spec.num_requests)} requests "
-                "workload.concurrency keeps in flight: the engine never runs more than that, so values above it "
-                "cannot differ; raise workload.concurrency (and num_requests)")
-    return None
-
-
-def shared_engine_note(warm: Mapping[str, Any]) -> str | None:
-    """A restart policy that lets replicates share an engine makes the interval blind to the engines' own
-    speed, which differs from engine to engine (benchmarks/warm_engines.py): say so before measuring."""
-    if warm["restart"] == "never":
-        return ("compare.restart=never: each arm's replicates share one engine, so the interval does not see how "
-                "engines differ in speed (on the real engine here: A/A log ratios spread 6.3% where the intervals "
-                "assumed 3.8%, a false-verdict rate nearer 0.12 than alpha); the default, per_replicate, samples a "
-                "new engine for every replicate")
-    if warm["restart"] == "every_k" and warm["restart_every"] > 1:
-        return (f"compare.restart=every_k with compare.restart_every={warm['restart_every']}: replicates on one "
-                "engine are treated as independent, so the interval under-counts how engines differ in speed; "
-                "the default, per_replicate, samples a new engine for every replicate")
-    return None
-
-
-def few_replicates_note(replicates: int, *, key: str) -> str | None:
-    """Two runs per arm leave the drift-aware fit (intercept, arm, drift) one degree of freedom: say so before
-    measuring, since such an interval decides only huge differences measured with very little noise."""
-    if replicates != 2:
-        return None
-    return (f"{key}=2: with 2 runs per arm the drift-aware interval has 1 degree of freedom (t = 12.7 at 95%), "
-            "so only a very large difference measured with very little noise can be decided; 4 or more is advised")
-
-
 def run_dir(cfg: DictConfig, default_name: str | None = None) -> Path:
     name = cfg.run or default_name or f"{cfg.mode}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     return Path(cfg.results_dir) / folder_name(name, key="run")
+
+
+def thresholds_from(cfg: DictConfig) -> Thresholds:
+    t = Thresholds(cfg.compare.alpha, cfg.compare.min_effect, cfg.compare.equivalence_margin)
+    t.check()
+    return t
+
+
+def cost_basis_from(cfg: DictConfig) -> str:
+    """The cost a verdict judges; an open loop's cost follows its arrival schedule, not the engine, so it is
+    judged only when asked for by name."""
+    basis, loop = cfg.compare.cost, cfg.workload.loop
+    if basis not in COST_BASES:
+        raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {basis!r}")
+    if loop == "open" and basis != "offered_load":
+        raise ConfigError(
+            f"workload.loop=open with compare.cost={basis}: an open loop's cost per token follows the arrival "
+            "rate (the engine idles between arrivals), not the flags; judge cost on a closed loop "
+            "(workload=closed_loop), keep the open loop for latency limits in mode=measure, or set "
+            "compare.cost=offered_load to judge cost at this offered load on purpose")
+    if loop == "closed" and basis == "offered_load":
+        raise ConfigError("compare.cost=offered_load needs workload.loop=open; a closed loop has no offered load")
+    return basis
