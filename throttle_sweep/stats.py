@@ -169,7 +169,7 @@ def lack_of_fit(observations: Sequence[Observation]) -> list[str]:
 def clearly_lower(a: Estimate, b: Estimate, alpha: float = 0.05) -> bool:
     """Is a's ratio below b's beyond doubt? A direct contrast of two comparisons against the same baseline:
     log(a) - log(b) with the Welch-Satterthwaite df, one-sided at alpha/2 (the test statistic study of the
-    winner rule: it picks the true best more often than the lowest upper bound, and rarely wrongly)."""
+    winner rule: names the tied, and rarely names a wrong one alone)."""
     var_a, var_b = a.se_log**2, b.se_log**2
     if var_a + var_b == 0:
         return a.ratio < b.ratio
