@@ -34,6 +34,7 @@ def test_eight_in_flight_is_cheaper_than_one_despite_drift(tmp_path):
     assert (tmp_path / "c" / "replicates.png").stat().st_size > 1000
 
 
+@pytest.mark.calibration
 def test_aa_compares_through_the_whole_command_claim_a_difference_at_about_alpha(tmp_path):
     """40 A/A compares end to end (records, analysis) on a fake with 2% noise and 5% drift per engine start:
     a false verdict either way is expected in 5% of them (2 of 40); more than 5 would be a 1-in-100 event."""
