@@ -67,5 +67,5 @@ def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
 
 
 WINNER_RULE = ("winner rule: among confirmed savings (adjusted interval wholly below 1) that kept every constraint "
-               "in confirmation too, the lowest estimate; those a direct contrast cannot show it cheaper than are named "
-               "as tied with it")
+               "in confirmation too, the lowest estimate; those a direct contrast cannot show it cheaper than are "
+               "named as tied with it")
