@@ -232,71 +232,9 @@ def baseline_words(baseline: Mapping[str, Any] | None) -> str:
 def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:
     text = ["# Sweep report", "", "```", *lines(result, price, max_preemptions), "```", ""]
     if plots:
-        text += plot(out, result.study)
+        from throttle_sweep.search.picture import draw  # matplotlib only when pictures are drawn
+
+        text += draw(out, result, max_preemptions)
     path = out / "report.md"
     path.write_text("\n".join(text) + "\n")
     return path
-
-
-def mark_boundary_and_winner(ax: Any, study: optuna.Study, flag: str) -> None:
-    """Where preemption starts along this flag (between the last clean and the first preempting value the
-    probes found; one band per setting of the other knobs) and the exported winner."""
-    bands = [(b["last_clean"], b["first_preempting"]) for b in study.user_attrs.get("boundaries") or []
-             if b.get("knob") == flag and b.get("last_clean") is not None and b.get("first_preempting") is not None]
-    for i, (clean, dirty) in enumerate(bands):
-        ax.axvspan(min(clean, dirty), max(clean, dirty), color="tab:red", alpha=0.12,
-                   label="preemption starts (probes)" if i == 0 else None)
-    winner = (study.user_attrs.get("winner") or {}).get("params") or {}
-    if flag in winner and not isinstance(winner[flag], str | bool):
-        ax.axvline(winner[flag], color="tab:blue", linestyle="--", linewidth=1.2,
-                   label=f"winner ({flag}={winner[flag]})")
-
-
-def plot(out: Path, study: optuna.Study) -> list[str]:
-    """Cost ratio against each swept flag with interval bars (preempting points marked), and the history."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.user_attrs.get("ci")
-            and t.user_attrs.get("source") != "schedule"]  # a twin told another's answer is no point of its own
-    if not done:
-        return []
-    md = []
-    for flag in sorted({k for t in done for k in t.params}):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for ok, colour, label in ((True, "tab:green", "no preemption"), (False, "tab:red", "preempted")):
-            pts = [t for t in done if (t.user_attrs["preemptions"] == 0) == ok and flag in t.params]
-            if not pts:
-                continue
-            xs = [t.params[flag] for t in pts]
-            xs = [str(x) for x in xs] if any(isinstance(x, str | bool) for x in xs) else xs
-            ys = [cost(t) for t in pts]
-            err = [[cost(t) - t.user_attrs["ci"][0] for t in pts], [t.user_attrs["ci"][1] - cost(t) for t in pts]]
-            ax.errorbar(xs, ys, yerr=err, fmt="o", color=colour, label=label, capsize=3)
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-        mark_boundary_and_winner(ax, study, flag)
-        ax.set_xlabel(flag)
-        ax.set_ylabel(f"cost ratio vs {yardstick(study)} (interval of the table)")
-        ax.legend()
-        fig.tight_layout()
-        name = f"cost_vs_{flag}.png"
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
-        md.append(f"![cost vs {flag}]({name})")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([t.number for t in done], [cost(t) for t in done], "o", label="trial")
-    best, running = [], float("inf")
-    for t in done:
-        if feasible(t):
-            running = min(running, cost(t))
-        best.append(running)
-    ax.step([t.number for t in done], best, where="post", label="best feasible so far")
-    ax.set_xlabel("trial")
-    ax.set_ylabel(f"cost ratio vs {yardstick(study)}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "history.png", dpi=100)
-    plt.close(fig)
-    return [*md, "![optimisation history](history.png)"]
