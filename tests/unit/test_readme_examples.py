@@ -59,3 +59,37 @@ def test_no_two_readme_examples_measure_into_one_folder_with_different_configura
             continue  # a new folder each time, or refused before a folder is used
         measured = tuple(sorted(a for a in args if a.startswith(SETTING)))
         assert seen.setdefault(place, measured) == measured, f"results/{place}: {seen[place]} and then {measured}"
+
+
+def regenerator():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regenerate_examples", ROOT / "scripts" / "regenerate_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_example_that_runs_on_this_machine_alone_is_regenerated_not_typed():
+    """An example of measure, compare or analyze on the embedded engine needs nothing but this checkout, so its
+    output is written by running it (scripts/examples), never by hand: a shown output cannot go stale."""
+    regen = regenerator()
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        marked = {i for first, last in regen.blocks(lines) for i in range(first, last + 1)}
+        for i, line in enumerate(lines):
+            runs_alone = re.match(r"\$ python -m throttle_sweep mode=(measure|compare|analyze) ", line) and not re.search(
+                r"backend=|results/demo|ray\.|results_dir=", line)
+            if runs_alone:
+                assert i in marked, f"{page.name}:{i + 1}: {line[:80]} is shown without its regenerated output"
+        for first, last in regen.blocks(lines):
+            assert regen.commands(lines[first:last + 1]), f"{page.name}:{first}: a marked block with no command"
+
+
+def test_regenerated_output_collapses_progress_and_keeps_continued_commands_whole():
+    regen = regenerator()
+    body = ["$ python -m throttle_sweep mode=compare run=x \\", "    workload.num_requests=32", "old output",
+            "$ echo hi", "hi"]
+    assert regen.commands(body) == [body[:2], ["$ echo hi"]]
+    printed = "compare ...\n\x1b[1mreplicate 1/8  elapsed 0s\x1b[0m\nreplicate 2/8  elapsed 5s\nverdict: CHEAPER\n"
+    assert regen.shown(printed) == ["compare ...", "...", "verdict: CHEAPER"]
