@@ -25,7 +25,9 @@ def blocks(lines: list[str]) -> list[tuple[int, int]]:
     found, i = [], 0
     while i < len(lines):
         if lines[i].strip() == MARK and i + 1 < len(lines) and lines[i + 1].startswith("```"):
-            end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+            end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), None)
+            if end is None:
+                raise SystemExit(f"line {i + 2}: the example's code block is never closed")
             found.append((i + 2, end - 1))
             i = end
         i += 1
@@ -63,6 +65,8 @@ def run(command: list[str], folder: Path) -> list[str]:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "COLUMNS": "400", "TERM": "dumb"}
     done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # an example that fails is not written into a page as if it were its output
+        raise SystemExit(f"{command[0]} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
     return shown(done.stdout + done.stderr)
 
 

@@ -388,7 +388,9 @@ def test_ray_job_submit_runs_a_sweep_on_a_running_cluster(tmp_path):
     ray_cli = str(Path(sys.executable).parent / "ray")
     subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                     "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                    f"--temp-dir={temp}", "--disable-usage-stats"], check=True, env=env, capture_output=True,
+                    # the job server is the agent's HTTP port: its default (52365) is fixed, and another Ray on
+                    # this machine (a second test worker's) may hold it
+                    f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp}", "--disable-usage-stats"], check=True, env=env, capture_output=True,
                    timeout=120)
     try:
         job = subprocess.run([ray_cli, "job", "submit", f"--address=http://127.0.0.1:{dash}", "--", sys.executable,

@@ -43,7 +43,7 @@ def test_the_cost_picture_shows_every_run_the_boundary_line_the_baseline_and_the
     records = [r for r in read_records(out / "replicates.jsonl") if r["status"] == "ok" and not r.get("warmup")]
 
     ax, result = drawn["max_num_seqs"]
-    labels = {h.get_label(): h for h in ax.get_legend().legend_handles}
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
     clean = next(c for c in ax.collections if c.get_label() == "a run, no preemption")
     dirty = next(c for c in ax.collections if c.get_label() == "a run with > 0 preemptions")
     # every measured run is a point: the probes beyond the boundary too, marked as preempting
@@ -54,20 +54,35 @@ def test_the_cost_picture_shows_every_run_the_boundary_line_the_baseline_and_the
     line = next(ln for ln in ax.get_lines() if ln.get_label().startswith("preemption starts"))
     assert line.get_xdata()[0] == (b["last_clean"] + b["first_preempting"]) / 2
     assert line.get_label() == f"preemption starts between {b['last_clean']} and {b['first_preempting']}"
-    assert "the baseline (median of its runs)" in labels
-    # the winner, at its value, with its confirmed interval in $/M (the adjusted ratio times the baseline's cost)
+    # the winner, at its value, with its confirmed ratio interval drawn at the level of the baseline runs it was
+    # confirmed against, which is drawn too: the star sits below that line by exactly the confirmed ratio
     winner = result.winner
     assert winner is not None
     y, lo, hi = picture.winner_interval(winner)
     est = winner.adjusted.estimate
-    assert lo < y < hi and abs(lo / y - est.ci_low / est.ratio) < 1e-9 and abs(hi / y - est.ci_high / est.ratio) < 1e-9
+    level = next(ln for ln in ax.get_lines() if ln.get_label() == "the baseline in the winner's confirmation")
+    assert lo < y < hi and abs(y / level.get_ydata()[0] - est.ratio) < 1e-9
+    assert abs(lo / y - est.ci_low / est.ratio) < 1e-9 and abs(hi / y - est.ci_high / est.ratio) < 1e-9
     [star] = [c for c in ax.containers if c.get_label().startswith("winner max_num_seqs=")]
     assert star[0].get_xdata()[0] == winner.params["max_num_seqs"]
-    assert ax.get_ylabel() == "$ / M output tokens (steady state)"
+    assert ax.get_ylabel() == "$ / M output tokens (steady state)" and "the baseline in the winner's confirmation" in legend
     low, high = ax.get_xlim()
     shown = [t for t in ax.get_xticks() if low <= t <= high]
     assert shown and all(float(t).is_integer() for t in shown)  # no half-integer ticks on an integer flag
-    # the baseline's line is at its own runs' cost (max_num_seqs=1), not a search reference's
-    baseline_line = next(ln for ln in ax.get_lines() if ln.get_label() == "the baseline (median of its runs)")
-    ones = [r["steady"]["usd_per_mtok"] for r in records if r["flags"] == study.user_attrs["baseline"]]
-    assert ones and baseline_line.get_ydata()[0] == statistics.median(ones)
+    ones = [r["steady"]["usd_per_mtok"] for r in records if r["flags"] == study.user_attrs["baseline"]
+            and r["stage"] == "confirm"]
+    assert abs(level.get_ydata()[0] / statistics.geometric_mean(ones) - 1) < 1e-9  # the baseline's own runs
+
+
+def test_a_categorical_flag_is_placed_by_name_and_a_run_without_a_steady_window_is_left_out():
+    from throttle_sweep.search.picture import runs_along
+
+    records = [{"status": "ok", "usd_per_mtok": 1.0, "steady": {"usd_per_mtok": 0.9}, "preemptions": 0,
+                "flags": {"enable_prefix_caching": True}},
+               {"status": "ok", "usd_per_mtok": 1.1, "steady": None, "preemptions": 0,
+                "flags": {"enable_prefix_caching": False}},
+               {"status": "ok", "usd_per_mtok": 1.2, "steady": {"usd_per_mtok": 1.1}, "preemptions": 2,
+                "flags": {"enable_prefix_caching": False}},
+               {"status": "failed", "usd_per_mtok": None, "flags": {"enable_prefix_caching": True}}]
+    runs = runs_along(records, "enable_prefix_caching", "steady", 0)
+    assert [(r.x, r.usd_per_mtok, r.preempting) for r in runs] == [("True", 0.9, False), ("False", 1.1, True)]

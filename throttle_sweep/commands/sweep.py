@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import optuna
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -74,7 +74,7 @@ def run_locked(run: SweepRun, console: Console) -> int:
             # a Ray cluster that does not answer, leaves the study's record of its configuration as it was)
             for key, value in run.measurement.items():
                 study.set_user_attr(key, value)
-            OmegaConf.save(OmegaConf.create(run.config), out / "config.yaml")
+            (out / "config.yaml").write_text(run.config_yaml)
             sweep, progress = open_sweep(run, console, study, pool=pool, log=log)
             result = sweep.run()
     except (KeyboardInterrupt, SweepStopped) as exc:

@@ -30,11 +30,19 @@ class Run:
     preempting: bool  # more preemptions than the sweep allows
 
 
+def measured(r: Mapping[str, Any], basis: str) -> bool:
+    """A run with a cost on the judged basis (warm-up runs, failures and runs with no steady window have none)."""
+    return (r.get("status") == "ok" and not r.get("warmup") and r.get("usd_per_mtok") is not None
+            and (basis != "steady" or bool(r.get("steady"))))
+
+
 def runs_along(records: Sequence[Mapping[str, Any]], flag: str, basis: str, max_preemptions: int) -> list[Run]:
-    """Every measured run that set `flag` (warm-up runs and failures are not measurements)."""
-    return [Run(r["flags"][flag], judged_cost(r, basis), (r.get("preemptions") or 0) > max_preemptions)
-            for r in records if r.get("status") == "ok" and not r.get("warmup") and r.get("usd_per_mtok") is not None
-            and (r.get("flags") or {}).get(flag) is not None]
+    """Every measured run that set `flag`; a categorical value is placed by its name."""
+    runs = [Run(r["flags"][flag], judged_cost(r, basis), (r.get("preemptions") or 0) > max_preemptions)
+            for r in records if measured(r, basis) and (r.get("flags") or {}).get(flag) is not None]
+    if any(isinstance(r.x, str | bool) for r in runs):
+        runs = [Run(str(r.x), r.usd_per_mtok, r.preempting) for r in runs]
+    return runs
 
 
 def boundary_lines(study: optuna.Study, flag: str) -> list[tuple[float, str]]:
@@ -46,12 +54,18 @@ def boundary_lines(study: optuna.Study, flag: str) -> list[tuple[float, str]]:
     return [((clean + dirty) / 2, f"preemption starts between {clean} and {dirty}") for clean, dirty in pairs]
 
 
-def winner_interval(winner: Confirmation) -> tuple[float, float, float]:
-    """The winner's cost and its confirmed interval in $/M: the adjusted ratio and its interval times the
-    baseline's cost in the same confirmation (geometric mean of its runs)."""
-    est = (winner.adjusted or winner.analysis).estimate
+def confirmation_baseline(winner: Confirmation) -> float:
+    """The baseline's cost in the winner's own confirmation (geometric mean of its runs there)."""
     base = [winner.analysis.cost_of(r) for r in winner.analysis.replicates(BASELINE)]
-    level = math.exp(statistics.fmean(math.log(c) for c in base))
+    return math.exp(statistics.fmean(math.log(c) for c in base))
+
+
+def winner_interval(winner: Confirmation) -> tuple[float, float, float]:
+    """The winner's confirmed ratio and its (adjusted) interval, drawn at the level of the baseline it was
+    confirmed against: in $/M, beside that baseline's line, so the picture and the verdict agree (the interval
+    is the ratio's; the baseline's own level is taken as drawn)."""
+    est = (winner.adjusted or winner.analysis).estimate
+    level = confirmation_baseline(winner)
     return est.ratio * level, est.ci_low * level, est.ci_high * level
 
 
@@ -67,20 +81,24 @@ def draw_cost(ax: Any, result: SweepResult, flag: str, max_preemptions: int) -> 
                        alpha=0.6, label=label)
     for x, label in boundary_lines(result.study, flag):
         ax.axvline(x, color="tab:red", linestyle="--", linewidth=1.2, label=label)
-    baseline = result.study.user_attrs.get("baseline")  # the flags; a search arm may run a reference point
-    base = [judged_cost(r, result.cost_basis) for r in result.records if r.get("flags") == baseline
-            and r.get("status") == "ok" and not r.get("warmup") and r.get("usd_per_mtok") is not None]
-    if base:
-        ax.axhline(statistics.median(base), color="grey", linestyle=":", linewidth=1,
-                   label="the baseline (median of its runs)")
     winner = result.winner
-    if winner is not None and flag in winner.params and isinstance(winner.params[flag], int | float):
+    if winner is not None and flag in winner.params and not isinstance(winner.params[flag], str | bool):
+        # the winner's ratio interval, at the level of the baseline runs it was confirmed against (drawn too)
         y, lo, hi = winner_interval(winner)
+        ax.axhline(confirmation_baseline(winner), color="grey", linestyle=":", linewidth=1,
+                   label="the baseline in the winner's confirmation")
         ax.errorbar([winner.params[flag]], [y], yerr=[[y - lo], [hi - y]], fmt="*", markersize=14,
                     color="tab:blue", capsize=5, zorder=5,
-                    label=f"winner {flag}={winner.params[flag]} (confirmed interval)")
+                    label=f"winner {flag}={winner.params[flag]} (its confirmed ratio interval x that baseline)")
+    else:
+        baseline = result.study.user_attrs.get("baseline")  # the flags; a search arm may run a reference point
+        base = [judged_cost(r, result.cost_basis) for r in result.records
+                if r.get("flags") == baseline and measured(r, result.cost_basis)]
+        if base:
+            ax.axhline(statistics.median(base), color="grey", linestyle=":", linewidth=1,
+                       label="the baseline (median of its runs)")
     values = [r.x for r in runs]
-    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if values and all(isinstance(v, int) for v in values):  # categorical values were made names above
         if min(values) > 0 and max(values) / min(values) >= 16:  # powers of two, written as numbers
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))

@@ -234,7 +234,10 @@ def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: 
     if plots:
         from throttle_sweep.search.picture import draw  # matplotlib only when pictures are drawn
 
-        text += draw(out, result, max_preemptions)
+        try:
+            text += draw(out, result, max_preemptions)
+        except Exception as exc:  # a picture must not cost the sweep its report and its export
+            text.append(f"(pictures not drawn: {type(exc).__name__}: {exc})")
     path = out / "report.md"
     path.write_text("\n".join(text) + "\n")
     return path

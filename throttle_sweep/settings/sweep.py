@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine
@@ -59,7 +59,8 @@ class SweepRun:
     ray: dict[str, Any] | None  # the ray group when ray.enabled
     space: dict[str, Any]
     measurement: dict[str, Any]
-    config: dict[str, Any]
+    config: dict[str, Any]  # resolved: what claim_run_folder compares
+    config_yaml: str  # as composed, interpolations unresolved (an ${oc.env:...} secret is not written out)
     plots: bool
     notes: tuple[str, ...]  # said before the sweep starts
 
@@ -100,8 +101,8 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
                     baseline=baseline, distributions=distributions, settings=settings, sampler=sampler,
                     seed=cfg.study.seed, grid=points, warm=warm, local_slots=local_slots,
                     ray=plain(cfg.ray) if cfg.ray.enabled else None, space=plain(cfg.space),
-                    measurement=measurement, config=plain(cfg), plots=bool(cfg.plots),
-                    notes=tuple(n for n in notes if n is not None))
+                    measurement=measurement, config=plain(cfg), config_yaml=OmegaConf.to_yaml(cfg),
+                    plots=bool(cfg.plots), notes=tuple(n for n in notes if n is not None))
 
 
 def space_name() -> str:
