@@ -24,7 +24,7 @@ from throttle_sweep.provenance import conflicts, overrides_for, refuse_conflicts
 from throttle_sweep.records import read_records
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
-from throttle_sweep.settings.sections import arm_flags, user_overrides
+from throttle_sweep.settings.sections import arm_flags, measured_sections, user_overrides, workload_from
 
 
 def recorded_measurement(study: optuna.Study, out: Path) -> dict[str, Any]:
@@ -98,19 +98,8 @@ def move_aside(best: Path) -> Path:
     return kept
 
 
-def command_line_sections(cfg: DictConfig) -> dict[str, Any]:
-    """This command line's measured sections, in the form a study records them."""
-    from dataclasses import asdict
-
-    from throttle_sweep.settings.sections import plain, workload_from
-
-    engine = plain(cfg.engine)
-    return {"backend": cfg.backend, "engine": engine, "baseline": arm_flags(arm_flags(engine), plain(cfg.baseline)),
-            "workload": asdict(workload_from(cfg)), "cost": plain(cfg.cost)}
-
-
 def check_command_line(cfg: DictConfig, measured: Mapping[str, Any], name: str) -> None:
-    found = conflicts(measured, command_line_sections(cfg), user_overrides())
+    found = conflicts(measured, measured_sections(cfg, workload_from(cfg)), user_overrides())
     refuse_conflicts(found, what=f"study {name!r} was measured with another configuration",
                      advice="mode=export takes the engine, workload and baseline from the study: leave these "
                             "keys off, or sweep them under a new study.name")

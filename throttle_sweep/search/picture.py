@@ -19,7 +19,8 @@ from optuna.trial import TrialState
 from throttle_sweep.analysis import BASIS_LABEL, judged_cost
 from throttle_sweep.schedule import BASELINE
 from throttle_sweep.search.driver import SweepResult
-from throttle_sweep.search.trials import cost, feasible, told_reference
+from throttle_sweep.search.report import yardstick
+from throttle_sweep.search.trials import cost, feasible
 from throttle_sweep.search.winner import Confirmation
 
 
@@ -146,9 +147,7 @@ def history(out: Path, study: optuna.Study, plt: Any) -> bool:
         best.append(running)
     ax.step([t.number for t in done], best, where="post", label="best feasible so far")
     ax.set_xlabel("trial")
-    ref = told_reference(study)
-    ax.set_ylabel("cost ratio vs " + (f"the reference ({', '.join(f'{k}={v}' for k, v in ref.params.items())})"
-                                      if ref is not None else "the baseline"))
+    ax.set_ylabel(f"cost ratio vs {yardstick(study)}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "history.png", dpi=100)

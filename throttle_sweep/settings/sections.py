@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,13 @@ def arm_flags(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = Non
     flags = {k: v for k, v in dict(base).items() if v is not None}
     flags.update({k: v for k, v in dict(overrides or {}).items() if v is not None})
     return flags
+
+
+def measured_sections(cfg: DictConfig, spec: WorkloadSpec) -> dict[str, Any]:
+    """What a study records it measured with (a resume, or an export's command line, must match it)."""
+    engine = plain(cfg.engine)
+    return {"backend": cfg.backend, "engine": engine, "baseline": arm_flags(arm_flags(engine), plain(cfg.baseline)),
+            "workload": asdict(spec), "cost": plain(cfg.cost)}
 
 
 def is_local_path(model: str) -> bool:

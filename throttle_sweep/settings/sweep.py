@@ -4,7 +4,7 @@ commands/sweep.py only wires what this returns."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from throttle_sweep.settings.sections import (
     endpoint_arms,
     engine_from,
     folder_name,
+    measured_sections,
     plain,
     preflight,
     price_from,
@@ -95,8 +96,7 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
         preflight(engine, flags, spec, source=f"{source}: {flag}")
     notes = (few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates"),
              shared_engine_note(warm), clip_note, kv_size_note(baseline, source="baseline"))
-    measurement = {"backend": cfg.backend, "engine": plain(cfg.engine), "baseline": baseline,
-                   "workload": asdict(spec), "cost": plain(cfg.cost)}
+    measurement = measured_sections(cfg, spec)
     return SweepRun(name=name, out=out, storage=storage, engine=engine, spec=spec, price=price, base=base,
                     baseline=baseline, distributions=distributions, settings=settings, sampler=sampler,
                     seed=cfg.study.seed, grid=points, warm=warm, local_slots=local_slots,
