@@ -21,6 +21,12 @@ class EngineStartError(ThrottleSweepError, RuntimeError):
     """The engine refused to start with the given flags; the message is the engine's reason."""
 
 
+def refused_for_memory(reason: str | None) -> bool:
+    """vLLM's own refusal to start on a GPU whose free memory is below gpu_memory_utilization x total (checked
+    whatever sizes the KV cache): the memory others hold, not the flags, decides it."""
+    return bool(reason) and "Free memory on device" in reason and "on startup is less than" in reason
+
+
 class EngineRunError(ThrottleSweepError, RuntimeError):
     """The engine died or failed while serving the workload."""
 

@@ -20,7 +20,7 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Engine
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.engines.host import ENGINE_WARMUPS, EngineHost, EngineProcessDied, Task, lifetime_key
-from throttle_sweep.errors import ConfigError
+from throttle_sweep.errors import ConfigError, refused_for_memory
 from throttle_sweep.measure import failed_record, record_header
 from throttle_sweep.workload import WorkloadSpec
 
@@ -59,7 +59,7 @@ class WarmSlot:
         self._hosts_lock = threading.Lock()  # the slot's thread picks a host while the driver's thread may close
         self.runs = 0  # replicates handed out by this slot: the machine's drift clock on the fake engine
         self.kv_pins: dict[str, dict[str, Any]] = {}  # flags -> what gives them their KV capacity alone (GPU)
-        self.pins_fit = True  # False once a pinned start did not fit beside sleeping engines: then made alone
+        self.pins_fit = True  # False once a start did not fit beside sleeping engines: then made alone
         self.started = 0
 
     def warm_up(self) -> None:
@@ -92,14 +92,18 @@ class WarmSlot:
         same = host.key == lifetime_key(arm, flags)
         pin, alone = self._kv_pin(flags, starts=not same) if self.sleeps else (None, False)
         record = self._measure_on(host, flags, arm, dict(header), context, same=same, pin=pin, alone=alone)
-        if pin is not None and not alone and record["status"] == "failed" and record.get("failed_at") == "start" \
-                and not record.get("infrastructure") and not self.closed and host in self.hosts:
-            # the pinned capacity did not fit beside the sleeping engines: the same capacity once more, with
-            # the GPU to itself; on this slot, pinned starts are made alone from now on
+        refused = record["status"] == "failed" and record.get("failed_at") == "start" \
+            and not record.get("infrastructure") and not self.closed and host in self.hosts
+        if refused and self.sleeps and not alone and (pin is not None or refused_for_memory(record.get("reason"))):
+            # no room beside the sleeping engines (the pinned capacity did not fit, or vLLM found less free
+            # memory than gpu_memory_utilization asks): the GPU's doing, not the flags'. Once more with the GPU
+            # to itself; on this slot, starts beside sleepers are made alone from now on
             self.pins_fit = False
             why = record.get("reason")
             record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=pin, alone=True)
-            record["kv_pin"]["pinned_start_failed"] = why
+            record["kv_pin"]["refused_beside_sleepers"] = why
+        elif refused and refused_for_memory(record.get("reason")):
+            record["infrastructure"] = True  # alone, yet short of memory: something outside the slot holds it
         if self.closed and record["status"] == "failed":  # cut short by the slot's own shutdown
             record["infrastructure"] = True
         return record
@@ -139,8 +143,10 @@ class WarmSlot:
         KV capacity these flags had alone, and whether this start must itself be alone to find it out. An
         engine asleep still holds some memory (its CUDA context, graph pools), which a new engine's memory
         profile may count against its KV cache; a start with a pin gets the same capacity beside it."""
-        if not starts or any(flags.get(k) for k in SIZED_BY):  # a live engine; or the user sized the KV cache
+        if not starts:  # a live engine
             return None, False
+        if any(flags.get(k) for k in SIZED_BY):  # the user sized the KV cache: no pin, alone once none fits
+            return None, not self.pins_fit
         pin = self.kv_pins.get(flags_key(flags))
         # alone with no pin yet, to find it out; with one, beside the sleeping engines unless pins do not fit
         return (dict(pin), not self.pins_fit) if pin is not None else (None, True)

@@ -323,11 +323,11 @@ def test_a_pinned_start_that_does_not_fit_beside_sleeping_engines_runs_alone_ins
     records = run(s, "BCBC")
     assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
     third, fourth = records[2], records[3]
-    assert third["kv_pin"]["solo"] is True and "out of memory" in third["kv_pin"]["pinned_start_failed"]
+    assert third["kv_pin"]["solo"] is True and "out of memory" in third["kv_pin"]["refused_beside_sleepers"]
     assert third["kv_pin"]["flags"] == {"num_gpu_blocks_override": records[0]["kv_cache"]["blocks"]}
     assert third["kv_cache"]["blocks"] == records[0]["kv_cache"]["blocks"]
     # the slot has learnt: the next pinned start goes alone at once, without a failed start first
-    assert fourth["kv_pin"]["solo"] is True and "pinned_start_failed" not in fourth["kv_pin"]
+    assert fourth["kv_pin"]["solo"] is True and "refused_beside_sleepers" not in fourth["kv_pin"]
     assert fourth["kv_cache"]["blocks"] == records[1]["kv_cache"]["blocks"]
 
 
@@ -342,3 +342,35 @@ def test_an_engine_that_cannot_sleep_is_shut_down_and_its_arm_starts_again_pinne
     assert records[3]["engine_start_s"] > 0 and records[3]["kv_pin"] == {"solo": False, "flags": records[3][
         "engine_lifetime"]["kv_pin"]}
     assert records[3]["kv_cache"]["blocks"] == records[1]["kv_cache"]["blocks"]
+
+
+def test_a_start_vllm_refuses_for_memory_beside_sleeping_engines_runs_alone_instead(tmp_path):
+    """vLLM starts only when free memory >= gpu_memory_utilization x total, whatever sizes the KV cache, and an
+    engine asleep keeps its context and graph pools: beside sleepers a start can be refused for memory. That is
+    the GPU's doing, not the flags': made again alone, and on this slot alone from then on."""
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), gpu_total_bytes=1 << 30, asleep_holds_bytes=200 << 20)
+    sized = {"kv_cache_memory_bytes": 1 << 20}  # the flags size the KV cache: no pin, no solo start to find one
+    s = WarmSlot(FakeEngine(knobs), SPEC, Price(), run_id="t", environment=None, restart="never")
+    try:
+        records = [s.measure({**flags, **sized}, arm, i, {})
+                   for i, (flags, arm) in enumerate([(B, "baseline"), (C, "candidate"), (B, "baseline")])]
+    finally:
+        s.close()
+    assert [r["status"] for r in records] == ["ok"] * 3, [r.get("reason") for r in records]
+    second, third = records[1], records[2]
+    assert second["kv_pin"]["solo"] is True and "Free memory on device" in second["kv_pin"]["refused_beside_sleepers"]
+    assert third["kv_pin"]["solo"] is True and "refused_beside_sleepers" not in third["kv_pin"]  # learnt
+
+
+def test_a_start_refused_for_memory_the_slot_does_not_hold_is_the_slots_failure_not_the_flags(tmp_path):
+    """Memory held by something outside the slot (another process on the GPU): the start fails alone too, and
+    the record blames the infrastructure, so the comparison is run again rather than the candidate failed."""
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), gpu_total_bytes=1 << 30)
+    (tmp_path / f"foreign-{300 << 20}").touch()  # 300 MiB held by a process outside the tool
+    s = WarmSlot(FakeEngine(knobs), SPEC, Price(), run_id="t", environment=None, restart="never")
+    try:
+        record = s.measure(C, "candidate", 0, {})
+    finally:
+        s.close()
+    assert record["status"] == "failed" and record["failed_at"] == "start"
+    assert "Free memory on device" in record["reason"] and record["infrastructure"] is True

@@ -82,6 +82,10 @@ class FakeKnobs:
     # free): a start whose KV cache and the sleepers' leftovers exceed gpu_kv_bytes + this runs out of memory
     gpu_headroom_bytes: int = 1 << 40
     sleep_fails_when: dict[str, int] = field(default_factory=dict)  # flag -> it cannot sleep above this value
+    # the pretend GPU's size: when set, a start is refused as vLLM refuses it unless the free memory is at least
+    # gpu_memory_utilization x this; sleepers hold asleep_holds_bytes each, and a file `foreign-<bytes>` in
+    # gpu_dir stands for memory a process outside the tool holds
+    gpu_total_bytes: int | None = None
 
 
 class FakeSession:
@@ -273,10 +277,21 @@ class FakeSession:
         if self.knobs.gpu_dir is None:
             return
         gpu = Path(self.knobs.gpu_dir)
-        holders = [p.name for p in gpu.iterdir() if p.name != self._marker and not p.name.endswith(".asleep")]
+        holders = [p.name for p in gpu.iterdir() if p.name != self._marker and not p.name.endswith(".asleep")
+                   and not p.name.startswith("foreign-")]
         if holders:
             raise EngineStartError(f"fake GPU out of memory: engine {holders[0]} is awake on it")
         sleepers = sum(p.name.endswith(".asleep") and p.name != f"{self._marker}.asleep" for p in gpu.iterdir())
+        if (total := self.knobs.gpu_total_bytes) is not None:
+            held = sleepers * self.knobs.asleep_holds_bytes + sum(
+                int(p.name.removeprefix("foreign-")) for p in gpu.iterdir() if p.name.startswith("foreign-"))
+            utilization = float(self.flags.get("gpu_memory_utilization") or 0.9)
+            if total - held < utilization * total:  # vLLM's words (v1/worker/utils.py)
+                raise EngineStartError(
+                    f"ValueError: Free memory on device cuda:0 ({(total - held) / 2**30:.2f}/{total / 2**30:.2f} "
+                    f"GiB) on startup is less than desired GPU memory utilization ({utilization}, "
+                    f"{utilization * total / 2**30:.2f} GiB). Decrease GPU memory utilization or reduce GPU "
+                    "memory used by other processes.")
         needs = self.total_blocks * self.block_size * self.knobs.kv_bytes_per_token
         room = self.knobs.gpu_kv_bytes + self.knobs.gpu_headroom_bytes - sleepers * self.knobs.asleep_holds_bytes
         if needs > room:
