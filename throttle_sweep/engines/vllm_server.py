@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from throttle_sweep.engines.openai_http import HttpSession
-from throttle_sweep.engines.vllm_inproc import VllmInprocEngine, cpu_build, server_environment
+from throttle_sweep.engines.vllm_inproc import BATCH_FLAGS, VllmInprocEngine, cpu_build, server_environment
 from throttle_sweep.errors import EngineRunError, EngineStartError
 
 LOG_TAIL_LINES = 12
@@ -85,6 +85,7 @@ class ServerSession(HttpSession):
                  request_timeout_s: float, stop_grace_s: float) -> None:
         super().__init__(f"http://127.0.0.1:{port}", model, request_timeout_s=request_timeout_s)
         self.process, self.port, self.log_path, self.stop_grace_s = process, port, log_path, stop_grace_s
+        self.served_defaults: dict[str, int] = {}
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
@@ -96,6 +97,21 @@ class ServerSession(HttpSession):
     def kv_pin(self) -> dict[str, int] | None:
         """As the in-process engine's: `--num-gpu-blocks-override` with the block count the server reported."""
         return {"num_gpu_blocks_override": self.kv_blocks + 1} if self.kv_blocks is not None else None
+
+    def read_served_defaults(self, flags: Mapping[str, Any]) -> None:
+        """The batch flags left to vLLM, as this server resolved them (the dev-mode `/server_info`): recorded
+        and exported as the in-process engine's are, so that both backends serve what they measured."""
+        missing = [k for k in BATCH_FLAGS if flags.get(k) is None]
+        if not missing:
+            return
+        try:
+            response = self._control.get("/server_info", params={"config_format": "json"})
+            response.raise_for_status()
+            scheduler = response.json()["vllm_config"]["scheduler_config"]
+            self.served_defaults = {k: int(scheduler[k]) for k in missing}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise EngineStartError(self.explain(f"cannot read the flags the server resolved from /server_info: "
+                                                f"{type(exc).__name__}: {exc}")) from None
 
     def sleep(self) -> None:
         """vLLM sleep mode, level 1, through the dev-mode endpoint (the server was started with
@@ -208,8 +224,13 @@ class VllmServerEngine(VllmInprocEngine):
         except BaseException:  # healthy, yet not serving its metrics: no engine to measure on, and none left up
             session.close()
             raise
+        try:
+            session.read_served_defaults(resolved)
+        except BaseException:
+            session.close()
+            raise
         session.start_seconds = time.perf_counter() - began
-        session.max_num_seqs = resolved.get("max_num_seqs")
+        session.max_num_seqs = resolved.get("max_num_seqs") or session.served_defaults.get("max_num_seqs")
         return session
 
     def environment(self) -> dict[str, Any]:
