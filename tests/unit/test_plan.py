@@ -44,3 +44,21 @@ def test_the_sweep_prints_its_plan_after_the_probes_and_the_budget_stops_the_sea
     spent = engine_seconds([r for r in records if r["stage"] != "confirm"]) / 3600 * 1.39
     assert spent <= budget, (spent, budget)
     assert "a comparison costs up to about" in console.export_text()
+
+
+def test_the_wall_time_budget_starts_no_comparison_that_would_run_past_it(monkeypatch):
+    """study.timeout_s stops the search before a comparison would end after it, not only once it is spent."""
+    from types import SimpleNamespace
+
+    from throttle_sweep.search import budget
+
+    plan = project(trials=4, replicates=4, warmup=False, confirm=0, confirm_replicates=4, joint=False, slots=1,
+                   baseline_s=10.0, yardstick_s=5.0, candidate_s=5.0, usd_per_s=0.0)  # a comparison: 40 s
+    settings = SimpleNamespace(n_trials=10, timeout_s=300.0, budget_usd=None, usd_per_gpu_hour=1.39)
+    view = SimpleNamespace(measured_trials=lambda: 1)
+    monkeypatch.setattr(budget.time, "monotonic", lambda: 1000.0)
+    runner = SimpleNamespace(settings=settings, view=view, records=[], began=1000.0 - 250.0)  # 50 s left
+    assert budget.budget_left(runner, plan) is None
+    runner.began = 1000.0 - 270.0  # 30 s left, less than a comparison takes
+    why = budget.budget_left(runner, plan)
+    assert why is not None and "wall-time budget" in why and "40 s" in why

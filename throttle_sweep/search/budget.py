@@ -1,6 +1,6 @@
 """What the search may still spend: its trials, its wall time and its dollars, with the rest of the sweep
 projected from the probes' run times (search/plan.py) so that a comparison is not started that the dollar
-budget cannot pay for."""
+budget cannot pay for, or that would end after the wall-time budget."""
 
 from __future__ import annotations
 
@@ -16,8 +16,13 @@ def budget_left(runner: Runner, plan: Plan | None) -> str | None:
     s = runner.settings
     if runner.view.measured_trials() >= s.n_trials:
         return f"{s.n_trials} trials done"
-    if s.timeout_s is not None and time.monotonic() - runner.began >= s.timeout_s:
-        return f"wall-time budget of {s.timeout_s:g}s spent"
+    if s.timeout_s is not None:
+        elapsed = time.monotonic() - runner.began
+        if elapsed >= s.timeout_s:
+            return f"wall-time budget of {s.timeout_s:g}s spent"
+        if plan is not None and elapsed + plan.per_trial_s > s.timeout_s:
+            return (f"wall-time budget: a comparison takes up to about {plan.per_trial_s:.0f} s, more than the "
+                    f"{s.timeout_s - elapsed:.0f} s left of study.timeout_s={s.timeout_s:g}")
     if s.budget_usd is not None:
         spent = sum(engine_seconds([r]) * (r.get("gpus") or 1) for r in runner.records) / 3600 * s.usd_per_gpu_hour
         if spent >= s.budget_usd:

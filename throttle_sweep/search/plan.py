@@ -13,6 +13,7 @@ class Plan:
     wall_s: float
     usd: float
     per_trial_usd: float  # one search comparison at most
+    per_trial_s: float  # its wall time on its slot
 
     def sentence(self, *, slots: int, budget_usd: float | None, timeout_s: float | None) -> str:
         text = (f"plan: up to {self.runs} more runs, about {self.engine_s / 3600:.2f} engine-hours "
@@ -22,7 +23,8 @@ class Plan:
             text += (f"; study.budget_usd={budget_usd:g} covers part of it: the search stops before a comparison "
                      "would go over it (confirmation of the best so far still runs)")
         if timeout_s is not None and self.wall_s > timeout_s:
-            text += f"; study.timeout_s={timeout_s:g} ends the search before all of it"
+            text += (f"; study.timeout_s={timeout_s:g} ends the search before all of it: no comparison is started "
+                     "that would end after it")
         return text
 
 
@@ -40,4 +42,5 @@ def project(*, trials: int, replicates: int, warmup: bool, confirm: int, confirm
     runs = trials * (2 * replicates + warmup) + ((groups + confirm) * confirm_replicates + groups * warmup
                                                  if confirm else 0)
     engine_s = search_s + confirm_s
-    return Plan(runs, engine_s, search_s / max(1, slots) + confirm_s, engine_s * usd_per_s, trial_s * usd_per_s)
+    return Plan(runs, engine_s, search_s / max(1, slots) + confirm_s, engine_s * usd_per_s, trial_s * usd_per_s,
+                trial_s)
