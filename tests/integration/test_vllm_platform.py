@@ -40,3 +40,51 @@ def test_a_prefix_cache_that_was_not_reset_fails_the_replicate_instead_of_warmin
     with pytest.raises(EngineRunError, match="prefix cache"):
         VllmSession.reset_prefix_cache(session)
     VllmSession.reset_prefix_cache(SimpleNamespace(llm=SimpleNamespace(reset_prefix_cache=lambda: True)))
+
+
+def test_free_gpu_memory_is_read_through_nvml_for_the_engines_own_gpus_without_initialising_cuda(monkeypatch):
+    """Before a start the engine waits until vLLM's own start check will pass (free >= gpu_memory_utilization x
+    total on each of its GPUs); the reading maps the engine's devices to physical ones as vLLM does. NVML and
+    the CUDA platform are mocked: only a GPU shows real readings."""
+    from types import SimpleNamespace
+
+    import torch
+    import vllm.platforms
+    import vllm.utils.import_utils
+
+    from throttle_sweep.engines.gpu_memory import device_memory
+
+    class Cuda(MockedCuda):
+        @staticmethod
+        def is_cuda() -> bool:
+            return True
+
+        @staticmethod
+        def device_id_to_physical_device_id(device: int) -> int:
+            return {0: 3, 1: 5}[device]  # CUDA_VISIBLE_DEVICES=3,5
+
+    calls = []
+    free = {3: 10 << 30, 5: 70 << 30}
+    nvml = SimpleNamespace(nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+                           nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(free=free[h], total=80 << 30))
+    monkeypatch.setattr(vllm.platforms, "_current_platform", Cuda())
+    monkeypatch.setattr(vllm.utils.import_utils, "import_pynvml", lambda: nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch asked about CUDA"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: pytest.fail("CUDA initialised for memory"))
+    assert device_memory(2) == [(10 << 30, 80 << 30), (70 << 30, 80 << 30)]
+    assert calls == ["init", "shutdown"]
+
+
+def test_an_engine_start_waits_for_the_memory_its_gpus_will_need(monkeypatch):
+    """The start reads the memory of tensor x pipeline x data parallel GPUs and records the wait."""
+    import throttle_sweep.engines.vllm_inproc as inproc
+
+    asked = []
+    monkeypatch.setattr(inproc, "device_memory", lambda n: asked.append(n) or [(80, 80)] * n)
+    session = inproc.VllmInprocEngine().start({"max_model_len": 256, "kv_cache_memory_bytes": 2 << 20,
+                                              "enforce_eager": True, "tensor_parallel_size": None})
+    try:
+        assert asked == [1] and session.memory_wait_s is not None and session.memory_wait_s < 1.0
+    finally:
+        session.close()

@@ -286,6 +286,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
         pin = session.kv_pin() if hasattr(session, "kv_pin") else None  # what gives a later start this capacity
         life = Lifetime(session, key, uuid.uuid4().hex[:12], session.start_seconds, kv_pin=pin)
         record["engine_start_s"] = session.start_seconds
+        if (waited := getattr(session, "memory_wait_s", None)) is not None:  # for the GPU's memory, before it
+            record["engine_memory_wait_s"] = waited
         starts.engines += 1
         if task.warmup == "every" or (task.warmup == "first" and starts.engines == 1):
             # a process's first run is slow (lazy imports, allocator, caches): run it, and keep nothing

@@ -18,8 +18,10 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from throttle_sweep.cost import engine_gpus
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.engines.flags import vllm_flag_schema
+from throttle_sweep.engines.gpu_memory import device_memory, wait_for_memory
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.models import TINY_QWEN2
 
@@ -289,6 +291,10 @@ class VllmInprocEngine:
 
         began = time.perf_counter()
         resolved = self.engine_flags(flags)
+        # vLLM refuses a start below gpu_memory_utilization x total free on each GPU: the last engine's memory
+        # may still be on its way back
+        waited = wait_for_memory(float(resolved.get("gpu_memory_utilization") or 0.9),
+                                 lambda: device_memory(engine_gpus(resolved)))
         try:
             served = served_batch_defaults(resolved)
             llm = LLM(**resolved, **served)
@@ -297,6 +303,7 @@ class VllmInprocEngine:
             raise EngineStartError(f"{type(exc).__name__}: {exc}") from exc
         session = VllmSession(llm)
         session.served_defaults = served
+        session.memory_wait_s = waited
         session.start_seconds = time.perf_counter() - began
         return session
 
