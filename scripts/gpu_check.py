@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: the sweep did not finish; see {out / 'sweep.log'}", file=sys.stderr)
         return 1
     report = (out / "sweep" / "report.md").read_text().splitlines()
-    answer = next((line for line in report if line.startswith(("winner", "no candidate"))), "no answer")
+    answer = next((line for line in report if line.startswith(("winner (", "no candidate"))), "no answer")
 
     minutes, seconds = divmod(round(time.monotonic() - began), 60)
     where = "here" if kind == "gpu" else "here, on the embedded tiny model (not the published one)"
