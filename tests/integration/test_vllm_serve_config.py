@@ -30,14 +30,23 @@ def vllm_serve_args(argv: list[str]):
     return args
 
 
-def test_the_command_the_exported_yaml_names_serves_every_flag_of_the_winner(tmp_path):
+def test_vllm_serve_config_with_the_exported_yaml_alone_serves_every_flag_of_the_winner(tmp_path):
+    """`vllm serve --config FILE` reads the file with its top-level parser, which drops a `false` (vLLM 0.32):
+    the file must turn a flag off in a form that parser passes on."""
     paths = export_best(tmp_path, engine_flags=WINNER, params={}, summary={}, hydra_overrides=[])
-    usage = paths["yaml"].read_text().splitlines()[0].removeprefix("#").split("(")[0]
-    argv = shlex.split(usage.replace("vllm_config.yaml", str(paths["yaml"])))
-    assert argv[:2] == ["vllm", "serve"]
-    args = vllm_serve_args(argv[1:])
+    args = vllm_serve_args(["serve", "--config", str(paths["yaml"])])
     served = {k: getattr(args, k) for k in WINNER if k != "disable_log_stats"}
     assert served == {k: v for k, v in WINNER.items() if k != "disable_log_stats"}
+
+
+def test_the_api_server_module_reads_the_exported_yaml_the_same(tmp_path):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    paths = export_best(tmp_path, engine_flags=WINNER, params={}, summary={}, hydra_overrides=[])
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--config", str(paths["yaml"])])
+    assert {k: getattr(args, k) for k in WINNER if k != "disable_log_stats"} == {
+        k: v for k, v in WINNER.items() if k != "disable_log_stats"}
 
 
 def test_the_exported_command_line_serves_every_flag_of_the_winner(tmp_path):

@@ -24,12 +24,10 @@ def export_best(out: Path, *, engine_flags: Mapping[str, Any], params: Mapping[s
     flags = serve_flags(engine_flags)
     paths = {"yaml": out / "vllm_config.yaml", "cmd": out / "vllm_serve.sh", "json": out / "best.json",
              "hydra": out / "overrides.yaml"}
-    config = {k.replace("_", "-"): v for k, v in flags.items()}
-    # `vllm serve` reads the file with its top-level parser, which knows no --no-FLAG options, and drops a
-    # `false` there (vLLM 0.32): a flag the winner turned off must be turned off on the command line
-    off = "".join(f" --no-{k}" for k, v in sorted(config.items()) if v is False)
-    note = "; false in the file is dropped by `vllm serve`, hence the --no- flags" if off else ""
-    paths["yaml"].write_text(f"# vllm serve --config vllm_config.yaml{off}  (throttle_sweep's confirmed winner{note})\n"
+    # `vllm serve` reads the file with its top-level parser, which knows no --no-FLAG options and drops a
+    # `false` (vLLM 0.32), but passes a `true` on as --KEY: a flag the winner turned off is `no-FLAG: true`
+    config = {(f"no-{k}" if v is False else k).replace("_", "-"): (True if v is False else v) for k, v in flags.items()}
+    paths["yaml"].write_text("# vllm serve --config vllm_config.yaml  (throttle_sweep's confirmed winner)\n"
                              + yaml.safe_dump(config, sort_keys=True))
     paths["cmd"].write_text("#!/usr/bin/env bash\n" + serve_command(flags) + "\n")
     paths["cmd"].chmod(0o755)
