@@ -21,10 +21,17 @@ class EngineStartError(ThrottleSweepError, RuntimeError):
     """The engine refused to start with the given flags; the message is the engine's reason."""
 
 
+MEMORY_SHORT = "less than gpu_memory_utilization"  # engines/gpu_memory.shortfall's words
+
+
 def refused_for_memory(reason: str | None) -> bool:
-    """vLLM's own refusal to start on a GPU whose free memory is below gpu_memory_utilization x total (checked
-    whatever sizes the KV cache): the memory others hold, not the flags, decides it."""
-    return bool(reason) and "Free memory on device" in reason and "on startup is less than" in reason
+    """A start refused because the GPU had less free memory than gpu_memory_utilization x total, which vLLM
+    checks whatever sizes the KV cache: the memory others hold, not the flags, decides it. In vLLM's words
+    where they reach us (the in-process core, a server's log); else in ours, from the GPU read again after a
+    start the multiprocess core failed (its refusal stays in the core's own log)."""
+    if not reason:
+        return False
+    return ("Free memory on device" in reason and "on startup is less than" in reason) or MEMORY_SHORT in reason
 
 
 class EngineRunError(ThrottleSweepError, RuntimeError):

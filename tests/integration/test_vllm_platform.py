@@ -78,13 +78,38 @@ def test_free_gpu_memory_is_read_through_nvml_for_the_engines_own_gpus_without_i
 
 def test_an_engine_start_waits_for_the_memory_its_gpus_will_need(monkeypatch):
     """The start reads the memory of tensor x pipeline x data parallel GPUs and records the wait."""
+    import throttle_sweep.engines.gpu_memory as gpu_memory
     import throttle_sweep.engines.vllm_inproc as inproc
 
     asked = []
-    monkeypatch.setattr(inproc, "device_memory", lambda n: asked.append(n) or [(80, 80)] * n)
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda n: asked.append(n) or [(80 << 30, 80 << 30)] * n)
     session = inproc.VllmInprocEngine().start({"max_model_len": 256, "kv_cache_memory_bytes": 2 << 20,
                                               "enforce_eager": True, "tensor_parallel_size": None})
     try:
         assert asked == [1] and session.memory_wait_s is not None and session.memory_wait_s < 1.0
     finally:
         session.close()
+
+
+def test_a_start_the_multiprocess_core_fails_on_a_gpu_short_of_memory_is_said_to_be_refused_for_memory(monkeypatch):
+    """With the multiprocess engine core (a GPU's default) vLLM's refusal stays in the core's own log; this
+    process sees only "Engine core initialization failed". The GPU's memory, read again, tells why."""
+    import vllm
+
+    import throttle_sweep.engines.gpu_memory as gpu_memory
+    import throttle_sweep.engines.vllm_inproc as inproc
+    from throttle_sweep.errors import EngineStartError, refused_for_memory
+
+    def failed(**kwargs):
+        raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    monkeypatch.setattr(vllm, "LLM", failed)
+    monkeypatch.setattr(inproc, "served_batch_defaults", lambda flags: {})
+    monkeypatch.setattr(gpu_memory, "before_start", lambda flags: 0.0)
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda n: [(10 << 30, 80 << 30)] * n)
+    with pytest.raises(EngineStartError) as short:
+        inproc.VllmInprocEngine().start({"model": "m"})
+    assert refused_for_memory(str(short.value)) and "Engine core initialization failed" in str(short.value)
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda n: [(80 << 30, 80 << 30)] * n)
+    with pytest.raises(EngineStartError) as other:
+        inproc.VllmInprocEngine().start({"model": "m"})
+    assert not refused_for_memory(str(other.value))

@@ -196,3 +196,24 @@ def test_vllms_cli_runs_only_where_a_package_named_vllm_is_installed(monkeypatch
     assert vllm_server.cli_runs() is False
     versions = {"vllm": "0.33.0"}
     assert vllm_server.cli_runs() is True
+
+
+def test_a_server_on_a_gpu_waits_for_the_memory_its_gpus_will_need_before_it_is_launched(monkeypatch, tmp_path):
+    import throttle_sweep.engines.gpu_memory as gpu_memory
+    import throttle_sweep.engines.vllm_server as vllm_server
+
+    readings = iter([[(10 << 30, 80 << 30)] * 2, [(79 << 30, 80 << 30)] * 2])
+    asked = []
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda n: asked.append(n) or next(readings))
+    monkeypatch.setattr(gpu_memory, "POLL_S", 0.0)
+    monkeypatch.setattr(vllm_server, "cpu_build", lambda: False)
+
+    class Launched(Exception):
+        pass
+
+    def launch(argv, log_path):
+        raise Launched
+    monkeypatch.setattr(vllm_server, "launch", launch)
+    with pytest.raises(Launched):
+        VllmServerEngine(log_dir=tmp_path).start({"model": "/m", "tensor_parallel_size": 2})
+    assert asked == [2, 2]  # polled until both GPUs had room, then launched

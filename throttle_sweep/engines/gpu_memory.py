@@ -7,11 +7,18 @@ Read through NVML, as vLLM's own platform reads device facts: CUDA is never init
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from throttle_sweep.errors import MEMORY_SHORT
 
 Reading = list[tuple[int, int]]  # (free, total) bytes per device
 WAIT_S = 60.0  # then the start is tried anyway: vLLM refuses it if the memory is still held (see slot.py)
 POLL_S = 0.5
+# vLLM reads free memory after creating its CUDA context (about half a GiB, more with NCCL); NVML, read before
+# the engine exists, must show that much more for vLLM's own check to pass
+MARGIN_BYTES = 1 << 30
+GIB = float(1 << 30)
 
 
 def device_memory(devices: int) -> Reading | None:
@@ -39,13 +46,47 @@ def device_memory(devices: int) -> Reading | None:
 def wait_for_memory(utilization: float, read: Callable[[], Reading | None], *, wait_s: float = WAIT_S,
                     poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> float | None:
-    """Poll until every device has utilization x total free, or `wait_s` has passed; the seconds waited (None
-    where there is no GPU to read)."""
+    """Poll until every device has utilization x total free and a margin, or `wait_s` has passed; the seconds
+    waited (None where there is no GPU to read, or it cannot be read: the start then goes ahead)."""
     began = clock()
     while True:
-        reading = read()
+        try:
+            reading = read()
+        except Exception:  # noqa: BLE001 - NVML unsupported (MIG), a device not found: vLLM's start decides
+            return None
         if reading is None:
             return None
-        if all(free >= utilization * total for free, total in reading) or clock() - began >= wait_s:
+        if all(free >= utilization * total + MARGIN_BYTES for free, total in reading) or clock() - began >= wait_s:
             return clock() - began
         sleep(poll_s)
+
+
+def before_start(flags: Mapping[str, Any]) -> float | None:
+    """Wait for the memory an engine with these flags will need on each of its GPUs (tensor x pipeline x data
+    parallel); the seconds waited, None off a GPU."""
+    from throttle_sweep.cost import engine_gpus
+
+    gpus = engine_gpus(flags)
+    return wait_for_memory(utilization_of(flags), lambda: device_memory(gpus), poll_s=POLL_S)
+
+
+def utilization_of(flags: Mapping[str, Any]) -> float:
+    return float(flags.get("gpu_memory_utilization") or 0.9)  # vLLM's default
+
+
+def shortfall(utilization: float, reading: Reading | None) -> str | None:
+    """Which GPU has less free memory than vLLM asks at start, in the words errors.refused_for_memory knows;
+    None when each has enough, or nothing was read."""
+    for device, (free, total) in enumerate(reading or []):
+        if free < utilization * total:
+            return (f"GPU {device} has {free / GIB:.1f} of {total / GIB:.1f} GiB free: {MEMORY_SHORT} "
+                    f"{utilization:g} asks ({utilization * total / GIB:.1f} GiB)")
+    return None
+
+
+def shortfall_now(utilization: float, read: Callable[[], Reading | None]) -> str | None:
+    """`shortfall` of a reading taken now; None where it cannot be read."""
+    try:
+        return shortfall(utilization, read())
+    except Exception:  # noqa: BLE001 - no reading, no claim
+        return None

@@ -19,9 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from throttle_sweep.cost import engine_gpus
+from throttle_sweep.engines import gpu_memory
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.engines.flags import vllm_flag_schema
-from throttle_sweep.engines.gpu_memory import device_memory, wait_for_memory
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.models import TINY_QWEN2
 
@@ -293,14 +293,18 @@ class VllmInprocEngine:
         resolved = self.engine_flags(flags)
         # vLLM refuses a start below gpu_memory_utilization x total free on each GPU: the last engine's memory
         # may still be on its way back
-        waited = wait_for_memory(float(resolved.get("gpu_memory_utilization") or 0.9),
-                                 lambda: device_memory(engine_gpus(resolved)))
+        waited = gpu_memory.before_start(resolved)
         try:
             served = served_batch_defaults(resolved)
             llm = LLM(**resolved, **served)
         except Exception as exc:
             gc.collect()
-            raise EngineStartError(f"{type(exc).__name__}: {exc}") from exc
+            reason = f"{type(exc).__name__}: {exc}"
+            gpus = engine_gpus(resolved)  # the multiprocess core's refusal stays in its own log: read the GPUs
+            if short := gpu_memory.shortfall_now(gpu_memory.utilization_of(resolved),
+                                                 lambda: gpu_memory.device_memory(gpus)):
+                reason += f" ({short})"
+            raise EngineStartError(reason) from exc
         session = VllmSession(llm)
         session.served_defaults = served
         session.memory_wait_s = waited

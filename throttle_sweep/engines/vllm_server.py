@@ -25,9 +25,10 @@ from typing import Any
 
 import httpx
 
+from throttle_sweep.engines import gpu_memory
 from throttle_sweep.engines.openai_http import HttpSession
 from throttle_sweep.engines.vllm_inproc import BATCH_FLAGS, VllmInprocEngine, cpu_build, server_environment
-from throttle_sweep.errors import EngineRunError, EngineStartError
+from throttle_sweep.errors import EngineRunError, EngineStartError, refused_for_memory
 
 LOG_TAIL_LINES = 12
 PORT_TRIES = 3  # a port taken between choosing it and the server binding it is retried on another
@@ -86,6 +87,18 @@ def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
         else:
             argv += [option, str(value)]
     return argv
+
+
+def exit_reason(log_path: Path, code: int | None) -> str:
+    """Why a server exited before it was healthy: its log's last lines, and vLLM's refusal to start for memory
+    wherever it stands in the log (the API server's own traceback after it is longer than the tail)."""
+    reason = f"the vLLM server exited (code {code}) before it was healthy"
+    with contextlib.suppress(OSError):
+        refusal = [line for line in log_path.read_text(errors="replace").splitlines()
+                   if refused_for_memory(line)]
+        if refusal:
+            reason += f": {refusal[-1].strip()}"
+    return f"{reason}; server log {log_path}, last lines:\n{log_tail(log_path)}"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -216,6 +229,7 @@ class VllmServerEngine(VllmInprocEngine):
         resolved = self.engine_flags(flags)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         began = time.perf_counter()
+        waited = None if cpu_build() else gpu_memory.before_start(resolved)  # as the in-process engine waits
         for attempt in range(PORT_TRIES):
             port = free_port()
             log_path = self.log_dir / f"server-{dt.datetime.now():%Y%m%d-%H%M%S-%f}-{port}.log"
@@ -248,6 +262,7 @@ class VllmServerEngine(VllmInprocEngine):
             session.close()
             raise
         session.start_seconds = time.perf_counter() - began
+        session.memory_wait_s = waited
         session.max_num_seqs = resolved.get("max_num_seqs") or session.served_defaults.get("max_num_seqs")
         return session
 
@@ -286,11 +301,9 @@ def wait_healthy(process: subprocess.Popen, port: int, log_path: Path, timeout_s
     with httpx.Client(timeout=2.0) as client:
         while True:
             if process.poll() is not None:
-                tail = log_tail(log_path)
-                if "address already in use" in tail.lower():
+                if "address already in use" in log_tail(log_path).lower():
                     raise PortTaken()
-                raise EngineStartError(f"the vLLM server exited (code {process.returncode}) before it was healthy; "
-                                       f"server log {log_path}, last lines:\n{tail}")
+                raise EngineStartError(exit_reason(log_path, process.returncode))
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
                     return
