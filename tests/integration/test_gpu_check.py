@@ -45,3 +45,6 @@ def test_vllm_reads_the_shipped_architecture_as_qwen2_5_0_5b():
                         max_model_len=4096).create_model_config()
     assert config.architectures == ["Qwen2ForCausalLM"]
     assert (config.get_head_size(), config.get_total_num_kv_heads(), config.get_vocab_size()) == (64, 2, 151936)
+    # its sampling defaults, which the API server applies to every request (and so the measurement does)
+    sampling = config.get_diff_sampling_param()
+    assert (sampling["top_k"], sampling["top_p"], sampling["repetition_penalty"]) == (20, 0.8, 1.1)
