@@ -75,3 +75,12 @@ class FakeOneSlot(PoolBasics):
 
     def close(self):
         pass
+
+
+def servers_running() -> list[int]:
+    """vLLM API servers alive on this machine, however they were launched (`vllm serve`, or its module)."""
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(k in " ".join(p.info["cmdline"] or []) for k in ("vllm.entrypoints.openai.api_server",
+                                                                    "vllm.entrypoints.cli.main serve"))]

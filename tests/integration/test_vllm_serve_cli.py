@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import servers_running
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import vllm_server
 from throttle_sweep.measure import measure_on
@@ -37,3 +38,4 @@ def test_a_server_started_as_vllm_serve_serves_the_flags_it_was_given(tmp_path, 
         assert record["status"] == "ok" and record["output_tokens"] == 4 * 16, record.get("reason")
     finally:
         session.close()
+    assert not servers_running()
