@@ -29,7 +29,8 @@ def _ray_and_engine_processes() -> set[tuple[int, float]]:
         cmd = " ".join(p.info["cmdline"] or [])
         if cmd.startswith("ray::") or any(k in cmd for k in ("raylet", "gcs_server", "ray/dashboard", "ray/_private",
                                                              "multiprocessing.spawn import spawn_main",
-                                                             "vllm.entrypoints.openai.api_server", "orphan_guard")):
+                                                             "vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main serve",
+                                                             "orphan_guard")):
             try:
                 ours = p.environ().get(RUN_MARK[0]) == RUN_MARK[1]
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):

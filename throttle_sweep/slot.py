@@ -102,7 +102,9 @@ class WarmSlot:
             why = record.get("reason")
             record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=pin, alone=True)
             record["kv_pin"]["refused_beside_sleepers"] = why
-        elif refused and refused_for_memory(record.get("reason")):
+            refused = record["status"] == "failed" and record.get("failed_at") == "start" \
+                and not record.get("infrastructure") and not self.closed
+        if refused and refused_for_memory(record.get("reason")):
             record["infrastructure"] = True  # alone, yet short of memory: something outside the slot holds it
         if self.closed and record["status"] == "failed":  # cut short by the slot's own shutdown
             record["infrastructure"] = True

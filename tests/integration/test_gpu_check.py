@@ -4,6 +4,7 @@ whether it fits in 10 minutes there, only a GPU can show."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,8 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import compose_cfg
+from throttle_sweep.settings.sweep import load_sweep
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
+
+
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_check_reproduces_the_published_comparison_and_sweeps_against_vllms_defaults(tmp_path):
@@ -48,3 +59,15 @@ def test_vllm_reads_the_shipped_architecture_as_qwen2_5_0_5b():
     # its sampling defaults, which the API server applies to every request (and so the measurement does)
     sampling = config.get_diff_sampling_param()
     assert (sampling["top_k"], sampling["top_p"], sampling["repetition_penalty"]) == (20, 0.8, 1.1)
+
+
+def test_the_gpu_sweep_runs_against_vllms_defaults_over_a_range_that_holds_them(tmp_path):
+    check = gpu_check()
+    run = load_sweep(compose_cfg("+space=batching", "study.name=sweep", *check.STEPS["gpu"]["sweep"],
+                                 tmp_path=tmp_path))
+    assert run.baseline.get("max_num_seqs") is None and run.baseline.get("max_num_batched_tokens") is None
+    seqs = run.distributions["max_num_seqs"]
+    assert seqs.low <= 256 and seqs.high >= 1024  # vLLM serves 256 on an A100, 1024 on an H100
+    assert set(run.distributions["max_num_batched_tokens"].choices) >= {2048, 8192}
+    assert run.base["model"] == str(check.QWEN) and run.base["load_format"] == "dummy"
+    assert not run.out.exists()  # checked only: nothing written

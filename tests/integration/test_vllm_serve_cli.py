@@ -9,7 +9,8 @@ import pytest
 
 from tests.helpers import servers_running
 from throttle_sweep.cost import Price
-from throttle_sweep.engines import vllm_server
+from throttle_sweep.engines import VllmInprocEngine, vllm_server
+from throttle_sweep.engines.vllm_inproc import served_batch_defaults
 from throttle_sweep.measure import measure_on
 from throttle_sweep.workload import WorkloadSpec
 
@@ -26,12 +27,14 @@ def test_a_server_started_as_vllm_serve_serves_the_flags_it_was_given(tmp_path, 
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     monkeypatch.setattr(vllm_server, "cli_runs", lambda: True)
     engine = vllm_server.VllmServerEngine(log_dir=tmp_path / "logs", start_timeout_s=240)
-    session = engine.start({"max_num_seqs": 4, "max_model_len": 256, "kv_cache_memory_bytes": 2 << 20,
-                            "enforce_eager": True, "seed": 0})
+    flags = {"max_num_seqs": 4, "max_model_len": 256, "kv_cache_memory_bytes": 2 << 20, "enforce_eager": True,
+             "seed": 0}
+    session = engine.start(flags)
     try:
         first = session.log_path.read_text().splitlines()[0]
         assert "vllm.entrypoints.cli.main serve" in first and "--model" not in first
-        assert session.served_defaults == {"max_num_batched_tokens": session.served_defaults["max_num_batched_tokens"]}
+        # the token budget left to vLLM, as this server resolved it, is the one the in-process engine resolves
+        assert session.served_defaults == served_batch_defaults(VllmInprocEngine().engine_flags(flags))
         session.begin_replicate(0)
         spec = WorkloadSpec(num_requests=4, prompt_len=16, output_len=16, concurrency=4, warmup_requests=0)
         record = measure_on(session, {"max_num_seqs": 4}, spec, Price(1.39, 1), {})

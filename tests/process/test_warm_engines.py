@@ -374,3 +374,18 @@ def test_a_start_refused_for_memory_the_slot_does_not_hold_is_the_slots_failure_
         s.close()
     assert record["status"] == "failed" and record["failed_at"] == "start"
     assert "Free memory on device" in record["reason"] and record["infrastructure"] is True
+
+
+def test_a_start_refused_for_memory_beside_sleepers_and_again_alone_is_the_slots_failure(tmp_path):
+    knobs = FakeKnobs(gpu_dir=str(tmp_path), gpu_total_bytes=1 << 30, asleep_holds_bytes=200 << 20)
+    sized = {"kv_cache_memory_bytes": 1 << 20}
+    s = WarmSlot(FakeEngine(knobs), SPEC, Price(), run_id="t", environment=None, restart="never")
+    try:
+        first = s.measure({**B, **sized}, "baseline", 0, {})
+        (tmp_path / f"foreign-{300 << 20}").touch()  # meanwhile a process outside the tool takes memory
+        second = s.measure({**C, **sized}, "candidate", 1, {})
+    finally:
+        s.close()
+    assert first["status"] == "ok" and second["status"] == "failed", second.get("reason")
+    assert second["kv_pin"]["solo"] is True and "refused_beside_sleepers" in second["kv_pin"]
+    assert second["infrastructure"] is True and "Free memory on device" in second["reason"]

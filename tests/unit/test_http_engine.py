@@ -217,3 +217,20 @@ def test_a_server_on_a_gpu_waits_for_the_memory_its_gpus_will_need_before_it_is_
     with pytest.raises(Launched):
         VllmServerEngine(log_dir=tmp_path).start({"model": "/m", "tensor_parallel_size": 2})
     assert asked == [2, 2]  # polled until both GPUs had room, then launched
+
+
+def test_a_server_that_exits_on_vllms_memory_refusal_says_so_whatever_the_traceback_after_it(tmp_path):
+    """The refusal is raised in the engine core; the API server then logs a long traceback of its own, which
+    pushes the refusal out of the log's last lines."""
+    from throttle_sweep.engines.vllm_server import exit_reason
+    from throttle_sweep.errors import refused_for_memory
+
+    log = tmp_path / "server.log"
+    refusal = ("ValueError: Free memory on device cuda:0 (10.0/79.2 GiB) on startup is less than desired GPU memory "
+               "utilization (0.9, 71.3 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+               "processes.")
+    log.write_text("\n".join(["$ vllm serve m", refusal] + [f"  File x.py, line {i}" for i in range(60)]
+                             + ["RuntimeError: Engine core initialization failed. See root cause above."]))
+    assert refused_for_memory(exit_reason(log, 1))
+    log.write_text("RuntimeError: Engine core initialization failed.\n")
+    assert not refused_for_memory(exit_reason(log, 1))

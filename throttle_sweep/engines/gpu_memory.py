@@ -15,6 +15,8 @@ from throttle_sweep.errors import MEMORY_SHORT
 Reading = list[tuple[int, int]]  # (free, total) bytes per device
 WAIT_S = 60.0  # then the start is tried anyway: vLLM refuses it if the memory is still held (see slot.py)
 POLL_S = 0.5
+SETTLE_S = 3.0  # free memory that has not grown for this long is not coming back
+GROWTH_BYTES = 64 << 20  # less is jitter, not memory coming back
 # vLLM reads free memory after creating its CUDA context (about half a GiB, more with NCCL); NVML, read before
 # the engine exists, must show that much more for vLLM's own check to pass
 MARGIN_BYTES = 1 << 30
@@ -44,11 +46,15 @@ def device_memory(devices: int) -> Reading | None:
 
 
 def wait_for_memory(utilization: float, read: Callable[[], Reading | None], *, wait_s: float = WAIT_S,
-                    poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic,
+                    poll_s: float = POLL_S, settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> float | None:
-    """Poll until every device has utilization x total free and a margin, or `wait_s` has passed; the seconds
-    waited (None where there is no GPU to read, or it cannot be read: the start then goes ahead)."""
+    """Poll until every device has utilization x total free and a margin, or its free memory has stopped
+    growing for `settle_s` (an idle GPU never shows its whole total: more may never come back), or `wait_s`
+    has passed; the seconds waited (None where there is no GPU to read, or it cannot be read: the start then
+    goes ahead, and vLLM's own check decides)."""
     began = clock()
+    best: Reading | None = None
+    grew_at = began
     while True:
         try:
             reading = read()
@@ -56,8 +62,11 @@ def wait_for_memory(utilization: float, read: Callable[[], Reading | None], *, w
             return None
         if reading is None:
             return None
-        if all(free >= utilization * total + MARGIN_BYTES for free, total in reading) or clock() - began >= wait_s:
-            return clock() - began
+        now = clock()
+        if best is None or any(free > top + GROWTH_BYTES for (free, _), (top, _) in zip(reading, best, strict=True)):
+            best, grew_at = reading, now
+        if not shortfall(utilization, reading) or now - grew_at >= settle_s or now - began >= wait_s:
+            return now - began
         sleep(poll_s)
 
 
@@ -75,10 +84,11 @@ def utilization_of(flags: Mapping[str, Any]) -> float:
 
 
 def shortfall(utilization: float, reading: Reading | None) -> str | None:
-    """Which GPU has less free memory than vLLM asks at start, in the words errors.refused_for_memory knows;
-    None when each has enough, or nothing was read."""
+    """Which GPU has less free memory than vLLM will find at start (utilization x total, and the context it
+    creates first), in the words errors.refused_for_memory knows; None when each has enough, or nothing was
+    read."""
     for device, (free, total) in enumerate(reading or []):
-        if free < utilization * total:
+        if free < utilization * total + MARGIN_BYTES:
             return (f"GPU {device} has {free / GIB:.1f} of {total / GIB:.1f} GiB free: {MEMORY_SHORT} "
                     f"{utilization:g} asks ({utilization * total / GIB:.1f} GiB)")
     return None

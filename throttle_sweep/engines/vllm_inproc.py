@@ -246,6 +246,7 @@ def collections_deferred() -> Iterator[None]:
 
 
 BATCH_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
+CORE_FAILED = "Engine core initialization failed"  # vLLM's words for a multiprocess core that did not start
 
 
 def served_batch_defaults(flags: Mapping[str, Any]) -> dict[str, int]:
@@ -300,9 +301,10 @@ class VllmInprocEngine:
         except Exception as exc:
             gc.collect()
             reason = f"{type(exc).__name__}: {exc}"
-            gpus = engine_gpus(resolved)  # the multiprocess core's refusal stays in its own log: read the GPUs
-            if short := gpu_memory.shortfall_now(gpu_memory.utilization_of(resolved),
-                                                 lambda: gpu_memory.device_memory(gpus)):
+            # the multiprocess core's refusal stays in its own log, and this process hears only that the core
+            # failed: the GPUs, read again, tell whether memory was short
+            if CORE_FAILED in reason and (short := gpu_memory.shortfall_now(
+                    gpu_memory.utilization_of(resolved), lambda: gpu_memory.device_memory(engine_gpus(resolved)))):
                 reason += f" ({short})"
             raise EngineStartError(reason) from exc
         session = VllmSession(llm)

@@ -69,6 +69,8 @@ def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
     engine flag as its CLI option; where the CLI cannot run, the API server module it runs for one server."""
     flags = dict(flags)
     if cli_runs():
+        if not flags.get("model"):  # `vllm serve` would serve its own default model instead
+            raise EngineStartError("no model to serve: engine_flags names one (the embedded model by default)")
         entry = ["vllm.entrypoints.cli.main", "serve", str(flags.pop("model"))]
     else:
         entry = ["vllm.entrypoints.openai.api_server"]
@@ -218,7 +220,8 @@ class VllmServerEngine(VllmInprocEngine):
         self.request_timeout_s = request_timeout_s
 
     def preload(self) -> None:
-        """Nothing to import here: vLLM runs in the server's own process."""
+        """Nothing to import ahead: vLLM runs in the server's own process (on a GPU this one reads free memory
+        through vLLM's platform before each launch, importing it then)."""
 
     def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         resolved = super().engine_flags(flags)

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 TINY_QWEN2 = Path(__file__).parent / "tiny-qwen2"
-# The public architecture of Qwen/Qwen2.5-0.5B-Instruct (its config.json alone), for the GPU check: served with
-# dummy weights and token-id prompts, it does a real 0.5B model's work without a download.
+# The public architecture of Qwen/Qwen2.5-0.5B-Instruct (its config.json and generation_config.json), for the
+# GPU check: served with dummy weights and token-id prompts, it does a real 0.5B model's work without a download.
 QWEN2_5_0_5B = Path(__file__).parent / "qwen2.5-0.5b-instruct"
 
 
