@@ -84,3 +84,20 @@ def servers_running() -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"])
             if any(k in " ".join(p.info["cmdline"] or []) for k in ("vllm.entrypoints.openai.api_server",
                                                                     "vllm.entrypoints.cli.main serve"))]
+
+
+# backend=server tests: the tiny model with 2 MiB of KV cache, and small fixed work
+SERVER_EDGE = {"kv_cache_memory_bytes": 2 << 20, "max_model_len": 256, "enforce_eager": True, "seed": 0}
+SERVER_SMALL = ["backend=server", "workload.num_requests=16", "workload.output_len=32", "workload.prompt_len=32",
+                "workload.warmup_requests=2"]
+
+
+def gpu_check():
+    """scripts/gpu_check.py as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,7 +4,6 @@ whether it fits in 10 minutes there, only a GPU can show."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, gpu_check
 from throttle_sweep.settings.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-
-
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_check_reproduces_the_published_comparison_and_sweeps_against_vllms_defaults(tmp_path):

@@ -14,6 +14,8 @@ import psutil
 import pytest
 from rich.console import Console
 
+from tests.helpers import SERVER_EDGE as EDGE
+from tests.helpers import SERVER_SMALL as SMALL
 from tests.helpers import compose_cfg, servers_running
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.cost import Price
@@ -24,9 +26,6 @@ from throttle_sweep.records import read_records
 from throttle_sweep.workload import WorkloadSpec
 
 pytestmark = pytest.mark.integration
-EDGE = {"kv_cache_memory_bytes": 2 << 20, "max_model_len": 256, "enforce_eager": True, "seed": 0}
-SMALL = ["backend=server", "workload.num_requests=16", "workload.output_len=32", "workload.prompt_len=32",
-         "workload.warmup_requests=2"]
 
 
 

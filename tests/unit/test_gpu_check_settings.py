@@ -3,20 +3,12 @@ sweep's settings pass vLLM's own flag schema in tests/integration/test_gpu_check
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, gpu_check
 from throttle_sweep.settings.sections import arm_flags, plain
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_published_arms_are_one_against_eight_in_flight_eight(tmp_path):
