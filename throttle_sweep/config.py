@@ -36,6 +36,7 @@ class WorkloadConf:
     warmup_output_len: int = 16
     seed: int = 0
     vocab_limit: int = 1000
+    replicate_s: float | None = None  # size the work by time, from one calibration run of the baseline
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class WorkloadSpec:
     warmup_output_len: int = 16  # warm-up requests are short: they warm every batch size, not the clock
     seed: int = 0
     vocab_limit: int = 1000  # synthetic token ids are drawn below this (valid for any real vocabulary)
+    replicate_s: float | None = None  # sized by time: num_requests is the calibration run's (calibration.py)
 
     def warmup_count(self, batch: int | None = None) -> int:
         """`batch`: the most the engine runs at once (max_num_seqs): more warm-up requests than that would only
@@ -61,6 +63,7 @@ class WorkloadSpec:
                               f"{self.warmup_output_len!r}")
         self._check_shape(source)
         self._check_sources(source)
+        self._check_timed(source)
         if max_model_len is not None:
             longest = max(r.prompt_len + r.output_len for r in make_requests(self))
             if longest > max_model_len:
@@ -78,6 +81,25 @@ class WorkloadSpec:
             raise ConfigError(f"{source}.loop must be 'closed' or 'open', but got {self.loop!r}")
         if self.loop == "open" and (self.rate is None or self.rate <= 0):
             raise ConfigError(f"{source}.rate must be > 0 requests/s for an open loop, but got {self.rate!r}")
+
+    def _check_timed(self, source: str) -> None:
+        """Work sized by time: a closed loop over synthetic requests, whose count is free to grow."""
+        if self.replicate_s is None:
+            return
+        if isinstance(self.replicate_s, bool) or not isinstance(self.replicate_s, int | float) \
+                or not 0 < self.replicate_s < math.inf:
+            raise ConfigError(f"{source}.replicate_s must be a positive number of seconds (or null), but got "
+                              f"{self.replicate_s!r}")
+        if self.loop != "closed":
+            raise ConfigError(f"{source}.replicate_s sizes closed-loop work; an open loop lasts num_requests / "
+                              f"rate seconds: set {source}.num_requests instead, with {source}.replicate_s=null")
+        if self.num_requests < self.concurrency:
+            raise ConfigError(f"{source}.replicate_s needs {source}.num_requests >= {source}.concurrency "
+                              f"({self.num_requests} < {self.concurrency}): the calibration run must keep as many in "
+                              "flight as every replicate after it")
+        if self.jsonl is not None or self.sharegpt is not None:
+            raise ConfigError(f"{source}.replicate_s sizes synthetic requests; a file's requests are counted by "
+                              f"{source}.num_requests: set that, with {source}.replicate_s=null")
 
     def _check_sources(self, source: str) -> None:
         """Where requests come from: a file, and how prompt text is made."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import secrets
 import signal
@@ -129,6 +130,19 @@ def test_two_node_cluster_runs_four_trials_at_once_and_agrees_with_one_slot(clus
     assert study.user_attrs["winner"]["params"] == single.user_attrs["winner"]["params"]
     assert sorted(t.params["max_num_seqs"] for t in study.trials if t.state == TrialState.COMPLETE) == \
         sorted(t.params["max_num_seqs"] for t in single.trials if t.state == TrialState.COMPLETE)
+
+
+def test_work_sized_by_time_is_calibrated_on_one_slot_and_every_slot_runs_the_sized_work(cluster, tmp_path):
+    code, study, records = run_sweep(tmp_path, NO_PROBES, "study.n_trials=4", "ray.enabled=true",
+                                     f"ray.address={cluster.address}", "workload.replicate_s=3", name="timed")
+    assert code == 0
+    [cal] = [r for r in records if r.get("stage") == "calibration"]
+    assert cal["status"] == "ok" and cal["workload"]["num_requests"] == 8 and cal["placement"]["gpu_ids"]
+    sized = max(8, math.ceil(8 * 3 / cal["wall_s"]))
+    rest = [r for r in records if r.get("stage") != "calibration"]
+    assert {r["workload"]["num_requests"] for r in rest} == {sized} and sized > 8
+    assert len({r["placement"]["actor_id"] for r in rest}) == 4  # the sweep's own slots, after the calibration's
+    assert_complete_comparisons(study, rest)
 
 
 def test_actor_killed_mid_replicate_is_the_slots_loss_and_is_replaced(cluster, tmp_path):

@@ -14,7 +14,7 @@ from rich.console import Console
 from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.inventory import COMPARISON, MEASURE, PROBE, Entry, inventory
+from throttle_sweep.inventory import CALIBRATION, COMPARISON, MEASURE, PROBE, Entry, inventory
 from throttle_sweep.report import lines, write
 from throttle_sweep.settings.sections import thresholds_from
 
@@ -66,6 +66,11 @@ def listing(entries: list[Entry], path: Path) -> list[str]:
         if e.kind == COMPARISON:
             state = e.partial or ("whole" if e.stage is not None else f"{e.runs} runs")
             out.append(f"  comparison {e.name}  {e.stage or 'costs'} {e.key or ''}  {e.runs} runs: {state}")
+        elif e.kind == CALIBRATION:
+            runs = ", ".join(f"{r['workload']['num_requests']} requests in {r['wall_s']:.1f} s"
+                             if r.get("status") == "ok" else str(r.get("status")) for r in e.records)
+            out.append(f"  the calibration run that sized the work by time (workload.replicate_s): {runs}; not "
+                       "a comparison")
         elif e.kind == MEASURE:
             costs = ", ".join(f"${r['usd_per_mtok']:.4g}" if r.get("usd_per_mtok") else str(r.get("status"))
                               for r in e.records)

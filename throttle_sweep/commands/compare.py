@@ -9,6 +9,7 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from throttle_sweep import calibration
 from throttle_sweep.analysis import analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
 from throttle_sweep.measure import short_work_note
@@ -61,6 +62,10 @@ def run(cfg: DictConfig, console: Console) -> int:
         claim_run_folder(out, plain(cfg), "compare")
         OmegaConf.save(cfg, out / "config.yaml")
         log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
+        spec = sized_by_time(spec, engine, price, arms[BASELINE], log, run_id=out.name, warm=warm,
+                             say=console.print)
+        if isinstance(spec, int):  # the calibration run failed, or was interrupted
+            return spec
         comparison, done, discarded = fresh_or_complete(log.records, arms, order,
                                                         {"workload": asdict(spec), "backend": cfg.backend})
         labels = arm_labels(arms[BASELINE], arms[CANDIDATE])
@@ -104,6 +109,36 @@ def run(cfg: DictConfig, console: Console) -> int:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
     return 0
+
+
+def sized_by_time(spec, engine, price, baseline, log: RecordLog, *, run_id: str, warm: dict, say):
+    """The work every replicate runs: with workload.replicate_s, sized from the baseline's calibration run
+    (made now, on an engine of its own, or read back from the records); else the exit code: 1 if the
+    calibration run failed, 130 if it was interrupted."""
+    if spec.replicate_s is None:
+        return spec
+    record = calibration.found(log.records, spec, baseline)
+    again = record is not None
+    if record is None:
+        slot = WarmSlot(engine, spec, price, run_id=run_id, **warm)
+        try:
+            with stop_on_sigterm():
+                record = slot.measure(baseline, BASELINE, 0, calibration.CONTEXT)
+                with deferred():
+                    log.append(record)
+        except KeyboardInterrupt:
+            say("[bold yellow]interrupted[/] in the calibration run (workload.replicate_s); nothing else was "
+                "measured. Run the same command again to start", highlight=False)
+            return 130
+        finally:
+            with shielded():
+                slot.close()
+        if record["status"] != "ok":
+            say(f"[red]{calibration.failed_words(record)}[/]", highlight=False)
+            return 1
+    sized = calibration.sized(spec, record)
+    say(calibration.sentence(spec, sized, record, again=again), highlight=False)
+    return sized
 
 
 def fresh_or_complete(records: list[dict], arms: dict, order: list[str], extra: dict

@@ -31,7 +31,10 @@ def run(cfg: DictConfig, console: Console) -> int:
     else:
         flags = arm_flags(plain(cfg.engine))
         preflight(engine, flags, spec, source="engine")
-    for note in (concurrency_note(flags, spec, source="engine"), kv_size_note(flags, source="engine")):
+    timed = None if spec.replicate_s is None else (
+        f"workload.replicate_s sizes the work of a comparison or a sweep; one measurement runs "
+        f"workload.num_requests ({spec.num_requests})")
+    for note in (concurrency_note(flags, spec, source="engine"), kv_size_note(flags, source="engine"), timed):
         if note is not None:
             console.print(f"[yellow]note:[/] {note}", highlight=False)
     out = run_dir(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -15,21 +15,24 @@ from omegaconf import DictConfig
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
+from throttle_sweep import calibration
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
+from throttle_sweep.compare import MAX_ATTEMPTS
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
-from throttle_sweep.pool import LocalPool
+from throttle_sweep.pool import Job, LocalPool
 from throttle_sweep.progress import Progress, progress_for
 from throttle_sweep.provenance import claim_run_folder, differences, has_records, refuse_conflicts
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
+from throttle_sweep.schedule import BASELINE
 from throttle_sweep.search.driver import Sweep
 from throttle_sweep.search.report import baseline_words, lines, write_report
-from throttle_sweep.search.runner import SweepStopped
+from throttle_sweep.search.runner import BaselineFails, SweepStopped
 from throttle_sweep.search.trials import resume_key, same_yardstick
 from throttle_sweep.settings.sections import arm_flags
 from throttle_sweep.settings.sweep import SweepRun, load_sweep, space_extremes
-from throttle_sweep.signals import shielded, stop_on_sigterm
+from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
 
@@ -69,6 +72,9 @@ def run_locked(run: SweepRun, console: Console) -> int:
             # every set of flags the sweep may start: a Ray slot must hold the GPUs of the largest engine
             starts = [("baseline", run.baseline), *((f"space.{flag}={flags[flag]}", flags)
                                                     for flag, flags in space_extremes(run.base, run.distributions))]
+            if run.spec.replicate_s is not None:  # the work sized by time: the baseline's pace, measured once
+                run = sized_by_time(run, log, say, starts[:1])
+                same_measurement(study, run.measurement, measured=True)
             pool, closer = make_pool(run, say=say, starts=starts)
             # what this run measures with, written once its slots are up (a run refused before that, say by
             # a Ray cluster that does not answer, leaves the study's record of its configuration as it was)
@@ -115,6 +121,42 @@ def run_locked(run: SweepRun, console: Console) -> int:
     paths = export_keeping_the_old(study, out, say)
     say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
     return 0
+
+
+def sized_by_time(run: SweepRun, log: RecordLog, say: Callable[[str], None],
+                  starts: Sequence[tuple[str, Mapping[str, Any]]]) -> SweepRun:
+    """The run with its work sized from the baseline's calibration run: read back from the records, or made
+    now on a slot of its own (again if the slot was lost). The size joins what the study records it measured
+    with, so a study never ranks ratios of two works."""
+    record = calibration.found(log.records, run.spec, run.baseline)
+    again = record is not None
+    if record is None:
+        for _ in range(MAX_ATTEMPTS):
+            record = calibrate(run, log, say, starts)
+            if record["status"] == "ok" or not record.get("infrastructure"):
+                break
+        if record["status"] != "ok":
+            raise BaselineFails(calibration.failed_words(record))
+    spec = calibration.sized(run.spec, record)
+    say(calibration.sentence(run.spec, spec, record, again=again))
+    return replace(run, spec=spec, measurement={**run.measurement, "calibrated_num_requests": spec.num_requests})
+
+
+def calibrate(run: SweepRun, log: RecordLog, say: Callable[[str], None],
+              starts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The baseline once, at the configured size, on a pool of one slot; its record is written at once."""
+    one = replace(run, local_slots=(1, ""), ray=run.ray and {**run.ray, "slots": 1})
+    pool, close = make_pool(one, say=say, starts=starts)
+    try:
+        pool.submit(Job(pool.slots[0], run.baseline, BASELINE, 0, calibration.CONTEXT))
+        [(job, record)] = pool.wait()
+        with deferred():
+            log.append(record)
+            pool.written(job)
+        return record
+    finally:
+        with shielded():
+            close()
 
 
 def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: bool) -> None:
@@ -178,7 +220,8 @@ def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: An
     progress = progress_for(console, 0)  # the driver plans its runs as it goes (search/events.py)
     sweep = Sweep(study=study, distributions=distributions, base_flags=run.base, baseline_flags=baseline,
                   workload_key={"workload": asdict(run.spec), "backend": run.measurement["backend"]}, pool=pool,
-                  write=log.append, existing=log.records, settings=settings, grid=run.grid, progress=progress)
+                  write=log.append, existing=log.records, settings=settings, grid=run.grid,
+                  progress=progress)
     return sweep, progress
 
 

@@ -48,7 +48,9 @@ class ScheduleIndex:
         """A run's schedule, with what the step trace cannot show: its preemptions (recomputed work) and the
         prompt tokens its prefix cache served (work not done), which a smaller KV cache may evict sooner."""
         mark = (record.get("engine_schedule") or {}).get("fingerprint")
-        if mark and record.get("status") == "ok" and not record.get("warmup"):
+        # a calibration run's work is of another size (workload.replicate_s): not these flags' schedule
+        replicate = record.get("status") == "ok" and not record.get("warmup") and record.get("stage") != "calibration"
+        if mark and replicate:
             hits = (record.get("prefix_cache") or {}).get("hits")
             self._seen.setdefault(flags_key(record.get("flags") or {}), set()).add(
                 f"{mark}/{record.get('preemptions')}/{hits}")

@@ -80,7 +80,7 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
     clip_note = None
     if spec.loop == "closed":
-        distributions, clip_note = within_in_flight(distributions, min(spec.concurrency, spec.num_requests),
+        distributions, clip_note = within_in_flight(distributions, in_flight(spec),
                                                     source=source)
     settings = replace(settings, boundary_knob=boundary_knob(cfg.study.boundary, distributions))
     sampler = cfg.study.sampler
@@ -103,6 +103,12 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
                     ray=plain(cfg.ray) if cfg.ray.enabled else None, space=plain(cfg.space),
                     measurement=measurement, config=plain(cfg), config_yaml=OmegaConf.to_yaml(cfg),
                     plots=bool(cfg.plots), notes=tuple(n for n in notes if n is not None))
+
+
+def in_flight(spec: WorkloadSpec) -> int:
+    """The most a closed loop keeps in flight: every request, if fewer than its concurrency (work sized by
+    time runs at least `concurrency` requests)."""
+    return spec.concurrency if spec.replicate_s is not None else min(spec.concurrency, spec.num_requests)
 
 
 def space_name() -> str:

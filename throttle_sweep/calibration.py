@@ -1,0 +1,60 @@
+"""Fixed work sized by time (`workload.replicate_s`). A GPU's pace is unknown until it runs: a fixed request
+count that fills a minute on one GPU takes seconds on another, where an engine start outweighs the measured
+work, or hours on a slower one. So the baseline runs once at the configured size (`num_requests`), and every
+replicate then runs as many requests as make the baseline's replicate last `replicate_s`.
+
+The size is found once per study or comparison: a resume reads the calibration run back from the records,
+so the work (the cost's denominator) never moves within one. The calibration run is kept in the records
+(stage `calibration`); it is no replicate of any comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, replace
+from typing import Any
+
+from throttle_sweep.workload import WorkloadSpec
+
+STAGE = "calibration"
+CONTEXT = {"stage": STAGE}
+
+
+def sized_requests(spec: WorkloadSpec, wall_s: float) -> int:
+    """How many requests make a replicate last `spec.replicate_s`, from a run of `spec.num_requests` that took
+    `wall_s`; never fewer than the loop keeps in flight (the space is clipped to that many)."""
+    return max(spec.concurrency, math.ceil(spec.num_requests * spec.replicate_s / wall_s))
+
+
+def found(records: Iterable[Mapping[str, Any]], spec: WorkloadSpec, baseline: Mapping[str, Any]
+          ) -> Mapping[str, Any] | None:
+    """The calibration run an earlier run made of this configured workload with these baseline flags (the
+    first that ran ok: the one that sized the records after it)."""
+    configured = asdict(spec)
+    return next((r for r in records if r.get("stage") == STAGE and r.get("status") == "ok" and r.get("wall_s")
+                 and r.get("workload") == configured and r.get("flags") == dict(baseline)), None)
+
+
+def sized(spec: WorkloadSpec, record: Mapping[str, Any]) -> WorkloadSpec:
+    """The workload every replicate runs; it keeps `replicate_s`, which says how its count was found."""
+    return replace(spec, num_requests=sized_requests(spec, record["wall_s"]))
+
+
+def sentence(spec: WorkloadSpec, now: WorkloadSpec, record: Mapping[str, Any], *, again: bool) -> str:
+    start = record.get("engine_start_s")
+    return (f"calibration{' (read back from the records)' if again else ''}: the baseline ran "
+            f"{spec.num_requests} requests in {record['wall_s']:.1f} s"
+            + (f" after a {start:.0f} s engine start" if start else "")
+            + f"; every replicate runs {now.num_requests} requests (about {spec.replicate_s:g} s at the "
+            "baseline, workload.replicate_s)")
+
+
+def failed_words(record: Mapping[str, Any]) -> str:
+    if record.get("infrastructure"):  # the slot's loss, attempt after attempt
+        return (f"the baseline's calibration run was lost with its slot, attempt after attempt (the last: "
+                f"{record.get('reason')}); run the same command again once the machine is sound")
+    return (f"the baseline's calibration run failed ({record.get('reason')}); it sizes the work of every "
+            "replicate (workload.replicate_s): fix what makes the baseline fail, or set workload.num_requests "
+            "with workload.replicate_s=null")
+
