@@ -16,7 +16,7 @@ from typing import Any
 from throttle_sweep.errors import ConfigError, RecordError
 from throttle_sweep.records import check_record
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.stats import WITHHELD, Estimate, Observation, Thresholds, estimate
+from throttle_sweep.stats import WITHHELD, Estimate, Observation, Thresholds, estimate, estimate_joint
 
 COST_BASES = ("steady", "fixed_work", "offered_load")
 BASIS_LABEL = {"steady": "steady state", "fixed_work": "whole fixed work", "offered_load": "at the offered load",
@@ -145,6 +145,35 @@ def candidate_view(records: Sequence[Mapping[str, Any]], trial: int | None) -> l
     schedule.joint_schedule): the baseline's runs and that candidate's, at the positions they ran. Each pair
     of arms of a joint schedule is balanced on its own, so this is a plain two-arm comparison."""
     return [dict(r) for r in records if r["arm"] == BASELINE or r.get("trial") == trial]
+
+
+def analyse_joint(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, token_tolerance: float = 0.0,
+                  cost: str = "steady") -> dict[int, Analysis]:
+    """Each candidate of a joint comparison: its view's analysis (the checks of its denominator, its notes),
+    with the estimate of one fit over all the comparison's runs (stats.estimate_joint): the same ratio in a
+    balanced schedule, on the residual df of every run. A view that gets no estimate of its own leaves every
+    view to its own fit."""
+    trials = sorted({r["trial"] for r in records if r["arm"] != BASELINE and r.get("trial") is not None})
+    views = {trial: analyse(candidate_view(records, trial), thresholds, token_tolerance=token_tolerance,
+                            cost=cost) for trial in trials}
+    if len(views) < 2 or any(a.estimate is None for a in views.values()):
+        return views
+    basis = views[trials[0]].basis
+    ok = [r for r in records if _ok(r) and not r.get("warmup")]
+    label = {trial: f"trial-{trial}" for trial in trials}
+    try:
+        fitted = estimate_joint([Observation(BASELINE if r["arm"] == BASELINE else label[r["trial"]], r["position"],
+                                             judged_cost(r, basis)) for r in ok], thresholds)
+    except (ConfigError, KeyError):
+        return views
+    for trial, analysis in views.items():
+        est, own = fitted[label[trial]], analysis.estimate
+        analysis.notes = [n for n in analysis.notes if n not in own.warnings] + list(est.warnings)
+        analysis.notes.append(f"one fit over the joint schedule's {len(ok)} runs ({len(trials)} candidates, the "
+                              f"baseline and the drift): {est.df} df, where this candidate's runs and the "
+                              f"baseline's alone give {own.df}")
+        analysis.estimate, analysis.verdict = est, est.verdict
+    return views
 
 
 def split_joint(records: Sequence[Mapping[str, Any]]) -> list[tuple[int | None, list[dict[str, Any]]]]:

@@ -24,6 +24,8 @@ class Entry:
     key: str | None  # the sweep's name for it (trial-3, confirm-trial-0, probe max_num_seqs=8 #1)
     records: list[dict[str, Any]]
     partial: str | None = None  # why it is not a whole comparison
+    joint: list[dict[str, Any]] | None = None  # one candidate's view of a joint comparison: all its records
+    trial: int | None = None  # ... and which candidate
 
     @property
     def runs(self) -> int:
@@ -50,7 +52,8 @@ def inventory(records: Sequence[Mapping[str, Any]], *, stem: str) -> list[Entry]
             why = abandoned(group, keys)
             for trial, view in split_joint(group):
                 name = (cid or stem) if trial is None else f"{cid}-trial-{trial}"
-                entries.append(Entry(name, COMPARISON, stage, first.get("key"), view, why))
+                entries.append(Entry(name, COMPARISON, stage, first.get("key"), view, why,
+                                     joint=group if trial is not None else None, trial=trial))
     return entries
 
 

@@ -82,12 +82,11 @@ class Estimate:
         return (100 * (self.ratio - 1), 100 * (self.ci_low - 1), 100 * (self.ci_high - 1))
 
 
-def check_observations(observations: Sequence[Observation]) -> None:
-    arms = {o.arm for o in observations}
-    unknown = arms - {BASELINE, CANDIDATE}
+def check_observations(observations: Sequence[Observation], arms: Sequence[str] = (BASELINE, CANDIDATE)) -> None:
+    unknown = {o.arm for o in observations} - set(arms)
     if unknown:
         raise ConfigError(f"arm must be 'baseline' or 'candidate', but got {sorted(unknown)}")
-    for arm in (BASELINE, CANDIDATE):
+    for arm in arms:
         n = sum(o.arm == arm for o in observations)
         if n < 2:
             raise ConfigError(f"need at least 2 replicates of the {arm} arm, but got {n}")
@@ -111,6 +110,40 @@ def fit(observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray, in
     sigma2 = float(resid @ resid) / df if df > 0 else float("nan")
     cov = sigma2 * np.linalg.inv(x.T @ x)
     return coef, cov, df
+
+
+@dataclass(frozen=True)
+class JointFit:
+    """log cost = a + sum_k d_k [arm k] + g * position over several arms at once (a joint schedule): one
+    residual variance, on the df of all the runs."""
+    arms: tuple[str, ...]  # the arms other than the baseline, in the order of their coefficients
+    coef: np.ndarray  # [a, d_1 .. d_K, g]
+    cov: np.ndarray
+    df: int
+
+    def effect(self, arm: str) -> tuple[float, float]:
+        """The arm's log ratio to the baseline and its standard error."""
+        i = 1 + self.arms.index(arm)
+        return float(self.coef[i]), math.sqrt(max(float(self.cov[i, i]), 0.0)) if self.df > 0 else float("nan")
+
+    def contrast(self, a: str, b: str) -> tuple[float, float]:
+        """log(a / b) and its standard error (their shared baseline cancels)."""
+        i, j = 1 + self.arms.index(a), 1 + self.arms.index(b)
+        var = float(self.cov[i, i] + self.cov[j, j] - 2 * self.cov[i, j])
+        return float(self.coef[i] - self.coef[j]), math.sqrt(max(var, 0.0)) if self.df > 0 else float("nan")
+
+
+def fit_joint(observations: Sequence[Observation]) -> JointFit:
+    """Least squares of log cost on [1, one indicator per arm other than the baseline, position]."""
+    arms = tuple(sorted({o.arm for o in observations} - {BASELINE}))
+    y = np.log([o.cost for o in observations])
+    pos = np.array([o.position for o in observations], dtype=float)
+    x = np.column_stack([np.ones(len(y)), *([o.arm == arm for o in observations] for arm in arms), pos - pos.mean()])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    df = len(y) - x.shape[1]
+    resid = y - x @ coef
+    sigma2 = float(resid @ resid) / df if df > 0 else float("nan")
+    return JointFit(arms, coef, sigma2 * np.linalg.inv(x.T @ x), df)
 
 
 LACK_OF_FIT_P = 0.05
@@ -213,7 +246,30 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
     """The drift-aware candidate/baseline cost ratio, its interval and the verdict."""
     check_observations(observations)
     coef, cov, df = fit(observations)
-    effect, se = float(coef[1]), float(math.sqrt(max(cov[1, 1], 0.0))) if df > 0 else float("nan")
+    se = float(math.sqrt(max(cov[1, 1], 0.0))) if df > 0 else float("nan")
+    return judged(float(coef[1]), se, df, float(coef[2]), observations, thresholds)
+
+
+def estimate_joint(observations: Sequence[Observation], thresholds: Thresholds = Thresholds()) -> dict[str, Estimate]:
+    """Each arm's ratio to the baseline from one fit over a joint schedule's runs (`fit_joint`): in a
+    balanced joint schedule the same estimates as each arm's two-arm view, with the residual df of all the
+    runs (two candidates x 4 runs: 8 df, not 5; three: 11). Each arm's checks (lack of fit, confounding) are
+    of its own view."""
+    arms = sorted({o.arm for o in observations} - {BASELINE})
+    check_observations(observations, [BASELINE, *arms])
+    joint = fit_joint(observations)
+    out = {}
+    for arm in arms:
+        view = [Observation(BASELINE if o.arm == BASELINE else CANDIDATE, o.position, o.cost)
+                for o in observations if o.arm in (BASELINE, arm)]
+        effect, se = joint.effect(arm)
+        out[arm] = judged(effect, se, joint.df, float(joint.coef[-1]), view, thresholds)
+    return out
+
+
+def judged(effect: float, se: float, df: int, drift: float, observations: Sequence[Observation],
+           thresholds: Thresholds) -> Estimate:
+    """The interval, p-value, verdict and warnings for a fitted log ratio (`observations`: its two arms)."""
     if df > 0 and se <= 1e-12 * max(1.0, abs(effect)):
         se = 0.0  # a perfect fit up to rounding (a deterministic engine): no scatter to speak of
     tq = t_quantile(1 - thresholds.alpha / 2, df) if df > 0 else float("inf")
@@ -238,5 +294,5 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
                         "change (compare.equivalence_margin sets the margin)")
     more = replicates_to_decide(effect, se, min(n_b, n_c), thresholds) if verdict == INCONCLUSIVE else None
     return Estimate(ratio=math.exp(effect), ci_low=lo, ci_high=hi, p_value=p, se_log=se, df=df,
-                    drift_per_position=math.exp(float(coef[2])) - 1, confounding=conf, n_baseline=n_b,
+                    drift_per_position=math.exp(drift) - 1, confounding=conf, n_baseline=n_b,
                     n_candidate=n_c, verdict=verdict, more_replicates_per_arm=more, warnings=tuple(warnings))

@@ -145,7 +145,8 @@ def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directl
     two candidates confirmed together directly (their runs share the baseline's, whose noise a contrast of
     the two ratios would count twice): equal candidates are told apart either way in <= alpha/2 of runs
     each (plus 3 MC standard errors), and a true 4% gap at 2% noise is told apart clearly more often than
-    by the contrast of ratios (measured: 0.82 against 0.67)."""
+    by the contrast of ratios (measured: 0.88 against 0.67; a's runs against b's alone, without the
+    baseline's in the fit, gave 0.82)."""
     rng = np.random.default_rng(12)
     adjusted = Thresholds(alpha=0.05 / 2)
     found = first = second = direct = of_ratios = 0
@@ -165,7 +166,7 @@ def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directl
           f"{direct / N_SIM:.3f}, by the contrast of ratios {of_ratios / N_SIM:.3f}")
     assert found / N_SIM >= 0.95
     assert first / N_SIM <= 0.025 + MC_SLACK and second / N_SIM <= 0.025 + MC_SLACK
-    assert direct / N_SIM >= of_ratios / N_SIM + 0.08
+    assert direct / N_SIM >= of_ratios / N_SIM + 0.15
 
 
 def OneSlot(fail=None, stop_after=None, fail_arm=CANDIDATE):  # noqa: N802 - reads as the pool it builds
@@ -276,6 +277,7 @@ def test_the_sweep_command_shares_the_baseline_and_analyze_recomputes_each_candi
         assert f"{view[0]['comparison']}-trial-{trial}" in printed
         ratio = analyse(view, Thresholds()).estimate.ratio
         assert f"ratio candidate/baseline {ratio:.3f}" in printed
+    assert printed.count("t with 8 df") == 2  # one fit over the 12 runs (two candidates, the baseline, drift)
     winner = json.loads((tmp_path / "j" / "best" / "best.json").read_text())
     assert winner["params"]["max_num_seqs"] in {r["flags"]["max_num_seqs"] for r in confirm if r["arm"] == CANDIDATE}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import COST_BASES, analyse, check_positions, load_input
+from throttle_sweep.analysis import COST_BASES, analyse, analyse_joint, check_positions, load_input
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.inventory import CALIBRATION, COMPARISON, MEASURE, PROBE, Entry, inventory
@@ -42,6 +42,9 @@ def run(cfg: DictConfig, console: Console) -> int:
             check_positions(entry.records, str(path))
         analysis = analyse(entry.records, thresholds, token_tolerance=cfg.compare.token_tolerance, strict=theirs,
                            cost=cfg.compare.cost)
+        if entry.joint is not None:  # one candidate of a joint confirmation: one fit over all its runs
+            analysis = analyse_joint(entry.joint, thresholds, token_tolerance=cfg.compare.token_tolerance,
+                                     cost=cfg.compare.cost).get(entry.trial, analysis)
         if entry.partial:
             analysis.verdict = f"PARTIAL, not a verdict ({analysis.verdict} on the part measured)"
             analysis.notes.insert(0, f"this comparison is partial: {entry.partial}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import optuna
 
-from throttle_sweep.analysis import analyse, candidate_view
+from throttle_sweep.analysis import Analysis, analyse, analyse_joint, candidate_view
 from throttle_sweep.schedule import BASELINE, joint_arm, joint_schedule, with_warmup
 from throttle_sweep.search.runner import Comparison, Runner, confirms_together
 from throttle_sweep.search.sequential import to_rank
@@ -100,15 +100,22 @@ class Confirm:
                             "are confirmed again without it")
             self.queue.insert(0, [t for t in group if t.number != failed])
             return
-        for number in comp.joint.values():  # (a fault of the baseline or the slot, the attempts spent: all)
-            self.confirmed(number, candidate_view(records, number), comp)
-
-    def confirmed(self, number: int, records: list[dict[str, Any]], comp: Comparison) -> None:
+        # (a fault of the baseline or the slot, the attempts spent: all) one fit over all the runs
         s = self.view.settings
-        analysis = analyse(records, s.thresholds, token_tolerance=s.token_tolerance, cost=s.cost_basis)
+        plain, quoted = (analyse_joint(records, t, token_tolerance=s.token_tolerance, cost=s.cost_basis)
+                         for t in (s.thresholds, comp.thresholds))
+        for number in comp.joint.values():
+            self.confirmed(number, candidate_view(records, number), comp,
+                           fitted=(plain[number], quoted[number]) if number in plain else None)
+
+    def confirmed(self, number: int, records: list[dict[str, Any]], comp: Comparison,
+                  fitted: tuple[Analysis, Analysis] | None = None) -> None:
+        """`fitted`: its analyses from the joint comparison's one fit, plain and quoted."""
+        s = self.view.settings
         # the interval quoted is Bonferroni-adjusted for the family of confirmed candidates and the looks
         # each may take, and the label is read off that same interval
-        quoted = analyse(records, comp.thresholds, token_tolerance=s.token_tolerance, cost=s.cost_basis)
+        analysis, quoted = fitted or (analyse(records, t, token_tolerance=s.token_tolerance, cost=s.cost_basis)
+                                      for t in (s.thresholds, comp.thresholds))
         broken = broken_constraints(trial_summary(analysis, s), s)
         if (fault := comp.fault()) is not None:  # the replicates that are left are not the comparison planned
             broken.insert(0, f"failed in confirmation ({fault.blame}: {fault.record.get('reason')})")
