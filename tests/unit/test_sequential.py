@@ -108,3 +108,37 @@ def test_against_the_reference_an_undecided_rank_stops_for_futility_and_a_clear_
     assert search_stop("INCONCLUSIVE", far, reference, 0.025, shrink=math.sqrt(0.5), needs_saving=False) is None
     assert search_stop("PRICIER", Stored(1.2, 0.02, 5), reference, 0.025, needs_saving=False) == \
         "PRICIER: it cannot win"
+
+
+@pytest.mark.parametrize("cut", ["interrupted", "slot lost"])
+def test_a_comparison_restarted_after_an_undecided_look_does_not_spend_that_look_again(cut):
+    """An earlier run measured a comparison up to its first look (of two), looked, did not stop, and was then
+    interrupted. Restarted from scratch with the whole alpha again, its false-CHEAPER bound would be
+    (1 + 1/2) x nominal; the restart skips the look the earlier attempt took, so the looks taken in all
+    add up to the planned two."""
+    import optuna
+
+    from throttle_sweep.compare import comparison_id
+    from throttle_sweep.schedule import BASELINE
+    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.search.options import SweepSettings
+
+    settings = SweepSettings(n_trials=1, replicates=4, confirm_top=1, confirm_replicates=4)
+    baseline, candidate = {"max_num_seqs": 1}, {"max_num_seqs": 4}
+    order = make_schedule("abba", 4, seed=0, lead=BASELINE)
+    cid = comparison_id({"baseline": baseline, "candidate": candidate}, order, {"key": "trial-0", "stage": "search"})
+    noisy = [1.0, 1.02, 0.97, 1.01]  # four runs, no difference: undecided at the first look
+    records = [{"comparison": cid, "key": "trial-0", "stage": "search", "arm": arm, "position": i, "status": "ok",
+                "usd_per_mtok": noisy[i], "flags": baseline if arm == BASELINE else candidate}
+               for i, arm in enumerate(order[:4])]
+    if cut == "slot lost":  # the fifth run's slot died: a fault not the candidate's, the comparison is redone
+        records.append({**records[0], "arm": order[4], "position": 4, "status": "failed", "infrastructure": True,
+                        "reason": "node died", "usd_per_mtok": None})
+    sweep = Sweep(study=optuna.create_study(), distributions={"max_num_seqs": optuna.distributions.IntDistribution(1, 8)},
+                  base_flags={}, baseline_flags=baseline, workload_key={}, pool=None, write=lambda r: None,
+                  existing=records, settings=settings)
+    comp = sweep.runner.comparison("trial-0", "search", candidate, 4, slot=0)
+    assert comp.key == "trial-0~1" and comp.discarded == [cid] and comp.looks == [4, 8]
+    comp.records = {i: {} for i in range(4)}
+    assert not comp.at_look()  # the first look was the earlier attempt's
+    assert comp.skipped_looks == 1

@@ -70,6 +70,9 @@ class Comparison:
     family: int = 1  # confirmations judged together (their alpha is shared)
     ranked: bool = False  # a confirmation that must also be told apart from others confirmed with it
     joint: dict[str, int] | None = None  # several candidates sharing the baseline's runs: arm label -> trial
+    # looks an earlier attempt already took (undecided) before it was interrupted: this one does not take them
+    # again, so that the looks taken in all spend the alpha planned once (the last look is always taken)
+    skipped_looks: int = 0
 
     def next_position(self) -> int | None:
         return next((p for p in range(len(self.order)) if p not in self.records), None)
@@ -82,7 +85,7 @@ class Comparison:
 
     def at_look(self) -> bool:
         """Every position up to a look is measured, and no more."""
-        return len(self.records) in self.looks[:-1] and self.next_position() == len(self.records)
+        return len(self.records) in self.looks[self.skipped_looks:-1] and self.next_position() == len(self.records)
 
     def retry(self) -> bool:
         """Stopped by a fault that is not the candidate's, with attempts left: start again afresh."""
@@ -146,14 +149,15 @@ class Runner:
         every = 4 if stage == "confirm" else 2  # confirmations: only balanced pairs (see search/sequential.py)
         looks = look_ends(order, s.warmup_replicate, every) if planned and s.sequential else [len(order)]
         thresholds = per_look(s.thresholds, len(looks), family)
-        discarded, faults, partial = [], 0, None
+        discarded, faults, partial, taken = [], 0, None, 0
         while True:
             cid = comparison_id(arms, list(order), {**self.workload_key, "key": key, "stage": stage})
             done = measured_positions(self.records, cid)
             fault = fault_of(done)
             last = fault is not None and faults + 1 >= MAX_ATTEMPTS  # the attempts are spent: give up on it
             comp = Comparison(key, stage, dict(arms), list(order), cid, slot, records=done, discarded=discarded,
-                              faults=faults, looks=looks, thresholds=thresholds, family=family, ranked=ranked)
+                              faults=faults, looks=looks, thresholds=thresholds, family=family, ranked=ranked,
+                              skipped_looks=min(taken, len(looks) - 1))
             if settle(done, len(order)) != "redo" or last:
                 if partial and not done and stage != "probe":
                     self.say(f"{stage} {partial[0]}: an earlier run left it partial ({partial[1]} of {len(order)} "
@@ -165,6 +169,10 @@ class Runner:
                 return comp
             if fault is None:
                 partial = (key, len(done))  # the last part an interrupted run left
+            # the looks it reached before it was cut short or failed were taken, and did not stop it: a fresh
+            # attempt does not take them again
+            reached = len(done) if fault is None else fault.record["position"]
+            taken = max(taken, sum(end <= reached for end in looks[:-1]))
             discarded.append(cid)
             faults += fault is not None
             key = retry_key(key)
