@@ -16,7 +16,7 @@ from typing import Any
 from throttle_sweep.errors import ConfigError, RecordError
 from throttle_sweep.records import check_record
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.stats import WITHHELD, Estimate, Observation, Thresholds, estimate, estimate_joint
+from throttle_sweep.stats import WITHHELD, Estimate, Observation, Prior, Thresholds, estimate, estimate_joint
 
 COST_BASES = ("steady", "fixed_work", "offered_load")
 BASIS_LABEL = {"steady": "steady state", "fixed_work": "whole fixed work", "offered_load": "at the offered load",
@@ -90,11 +90,12 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, token_tolerance: float = 0.0,
-            labels: dict[str, str] | None = None, strict: bool = False, cost: str = "steady") -> Analysis:
+            labels: dict[str, str] | None = None, strict: bool = False, cost: str = "steady",
+            prior: Prior | None = None) -> Analysis:
     """strict: bad data (one arm, < 2 replicates per arm, bad costs) raises instead of withholding the
     verdict; for input given to analyze, where nothing was measured that a report must keep.
     cost: which cost per token to judge (COST_BASES); records without that basis (a CSV of costs) are
-    judged as recorded."""
+    judged as recorded. prior: the noise pooled over a sweep's other comparisons (stats.estimate)."""
     rows = sorted((dict(r) for r in records), key=lambda r: r["position"])
     if labels is None:
         first = {arm: next((r.get("flags") for r in rows if r["arm"] == arm), None) for arm in (BASELINE, CANDIDATE)}
@@ -125,7 +126,8 @@ def analyse(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, *, tok
         arm = BASELINE if preempt[BASELINE] else CANDIDATE
         notes.append(f"only the {arm} arm ({labels[arm]}) preempted: {preempt[arm]} preemptions in total")
     try:
-        est = estimate([Observation(r["arm"], r["position"], judged_cost(r, basis)) for r in ok], thresholds)
+        est = estimate([Observation(r["arm"], r["position"], judged_cost(r, basis)) for r in ok], thresholds,
+                       prior=prior)
     except ConfigError as exc:
         if strict:
             raise

@@ -86,6 +86,7 @@ class StudyConf:
     same_schedule: bool = True  # flags with a measured configuration's engine schedule take its answer
     reference: str = "auto"  # search comparisons against: auto (the boundary's last clean point) | baseline
     shared_baseline: bool = True  # confirmations run one after another share the baseline's runs (one schedule)
+    pooled_noise: bool = True  # search comparisons' noise shrunk toward the sweep's pooled estimate (stats.py)
 
 
 @dataclass

@@ -34,6 +34,7 @@ class SweepSettings:
     same_schedule: bool = True  # one engine schedule, one configuration (search/schedules.py)
     reference: str = "auto"  # what search comparisons run against: auto (probes.choose_reference) | baseline
     shared_baseline: bool = True  # confirmations run one after another share the baseline's runs (joint_schedule)
+    pooled_noise: bool = True  # search comparisons judged with the noise pooled over the others (stats.pooled_prior)
 
     @property
     def latency_limits(self) -> dict[str, float | None]:

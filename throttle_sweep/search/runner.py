@@ -180,8 +180,10 @@ class Runner:
     def stop_rule(self, comp: Comparison) -> str | None:
         """At a look: why the comparison is decided (search_stop / confirm_stop), or None to go on."""
         s = self.settings
+        # a search comparison is judged with the noise pooled over the others; a confirmation on its own runs
+        prior = self.view.noise_prior() if comp.stage == "search" else None
         analysis = analyse(list(comp.records.values()), comp.thresholds, token_tolerance=s.token_tolerance,
-                           cost=s.cost_basis)
+                           cost=s.cost_basis, prior=prior)
         if comp.stage == "confirm":
             return confirm_stop(analysis.verdict, ranked=comp.ranked)
         if analysis.estimate is not None and broken_constraints(trial_summary(analysis, s), s):

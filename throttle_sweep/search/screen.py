@@ -242,7 +242,7 @@ class Screen:
         """A whole comparison: its ratio, interval and constraints told to the study."""
         v, s = self.view, self.view.settings
         analysis = analyse(list(comp.records.values()), comp.thresholds, token_tolerance=s.token_tolerance,
-                           cost=s.cost_basis)
+                           cost=s.cost_basis, prior=v.noise_prior())  # the noise pooled over the others so far
         attrs = trial_summary(analysis, s)
         sequential = {"alpha_per_look": comp.thresholds.alpha, "looks": len(comp.looks),
                       "stopped": comp.stopped, "measured_positions": len(comp.records)}

@@ -18,6 +18,7 @@ from throttle_sweep.search.boundary import Boundary
 from throttle_sweep.search.options import SweepSettings
 from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
 from throttle_sweep.search.trials import NOT_COMPARED, cost, feasible, measured, told_reference
+from throttle_sweep.stats import Prior, pooled_prior
 
 
 @dataclass
@@ -47,6 +48,14 @@ class StudyView:
         return {**self.base_flags, **params}
 
     # ---- answers and ranking ----------------------------------------------------------------------------
+    def noise_prior(self) -> Prior | None:
+        """The search comparisons' noise so far, pooled (stats.pooled_prior): what a later search comparison is
+        judged with (study.pooled_noise). None until enough are in."""
+        if not self.settings.pooled_noise:
+            return None
+        return pooled_prior([(t.user_attrs.get("resid_var"), t.user_attrs.get("resid_df") or 0)
+                             for t in self.trials(TrialState.COMPLETE) if measured(t)])
+
     def measured_trials(self) -> int:
         """Finished trials that measured something: repeats, merged schedules and interrupted ones don't count."""
         return sum(1 for t in self.trials() if measured(t))

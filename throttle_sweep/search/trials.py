@@ -46,6 +46,8 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "p_value": est.p_value if est else None,
         "se_log": est.se_log if est else None,
         "df": est.df if est else None,
+        "resid_var": est.resid_var if est else None,  # its own noise, which later comparisons pool
+        "resid_df": est.resid_df if est else None,
         "preemptions": preempt,
         "baseline_preemptions": max(((r.get("preemptions") or 0) for r in analysis.replicates(BASELINE)), default=0),
         "p95_ttft_s": ttft,

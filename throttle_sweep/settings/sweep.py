@@ -160,7 +160,7 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
         thresholds=thresholds_from(cfg), multi_objective=s.multi_objective,
         boundary_settings_max=s.boundary_settings_max, sequential=s.sequential, same_schedule=s.same_schedule,
-        reference=s.reference, shared_baseline=s.shared_baseline)
+        reference=s.reference, shared_baseline=s.shared_baseline, pooled_noise=s.pooled_noise)
 
 
 def grid_points(distributions: dict[str, Any], *, seed: int) -> list[dict[str, Any]]:
