@@ -135,23 +135,13 @@ class Pending:
     deadline: float
 
 
-def deadline_s(took: float | None, *, fresh: bool, job_timeout_s: float, factor: float) -> float:
-    """How long a replicate may take: `factor` times the longest the same flags took (start + work), at least
-    a minute; `job_timeout_s` for flags not seen yet. A slot's first replicate (`fresh`: a new node's first
-    start reads or fetches the weights and fills cold compile caches) gets at least `job_timeout_s` whatever
-    the flags took on a warm slot: cut short, it would be redone there, cold again, and blamed on the slot."""
-    usual = job_timeout_s if took is None else max(60.0, factor * took)
-    return max(usual, job_timeout_s) if fresh else usual
-
-
 class RayPool(HeldRecords):
     """The slots of a Ray cluster. `wait` returns finished replicates; a replicate whose actor died, or that
     did not answer by its deadline, comes back as a failed record (with `infrastructure: true` when the slot,
     not the flags, is to blame), never as an exception and never as a hang.
 
     A replicate's deadline follows from what the same flags took before in this run (`job_timeout_factor`
-    times it, at least a minute), or `job_timeout_s` for flags not yet seen or on a slot whose actor has run
-    nothing yet (`deadline_s`). A slot whose actor is lost gets
+    times it, at least a minute), or `job_timeout_s` for flags not yet seen. A slot whose actor is lost gets
     a new actor without waiting for it to be placed: its next replicate waits for it under the same deadline,
     so no slot ever blocks the others."""
 
@@ -172,7 +162,6 @@ class RayPool(HeldRecords):
         self.environments: dict[int, dict[str, Any]] = {}
         self.pending: dict[Any, Pending] = {}
         self.took: dict[str, float] = {}  # flags -> the longest replicate (start + work) seen with them
-        self.fresh = set(self.actors)  # slots whose actor has not run a replicate yet: it starts cold
         self.replaced = 0
         self.replacements: dict[int, int] = {}
         refs = {self.actors[slot].where.remote(): slot for slot in self.actors}
@@ -200,8 +189,8 @@ class RayPool(HeldRecords):
         return share_a_machine({slot: {"node_id": self.nodes.get(slot)} for slot in self.actors}, self.shape)
 
     def timeout_for(self, job: Job) -> float:
-        return deadline_s(self.took.get(flags_key(job.flags)), fresh=job.slot in self.fresh,
-                          job_timeout_s=self.job_timeout_s, factor=self.job_timeout_factor)
+        took = self.took.get(flags_key(job.flags))
+        return self.job_timeout_s if took is None else max(60.0, self.job_timeout_factor * took)
 
     def submit(self, job: Job) -> None:
         actor = self.actors[job.slot]
@@ -244,8 +233,6 @@ class RayPool(HeldRecords):
                 key = flags_key(pending.job.flags)
                 took = sum(record.get(k) or 0 for k in ("engine_start_s", "engine_warmup_s", "wall_s"))
                 self.took[key] = max(self.took.get(key, 0.0), took)
-                if record.get("status") == "ok":
-                    self.fresh.discard(pending.slot)
             self._held.append((pending.job, record))  # held before it leaves `pending`: a Ctrl-C loses neither
             self.pending.pop(ref, None)
         return self._held[before:]
@@ -343,7 +330,6 @@ class RayPool(HeldRecords):
             self.say(f"slot {slot}: retired after {MAX_REPLACEMENTS} new actors ({len(self.actors)} slots left)")
         elif node_alive or len(self.actors) < hostable_slots(self._ray.nodes(), self.shape):
             self.actors[slot] = self._make_actor(slot)
-            self.fresh.add(slot)
             self.replaced += 1
             self.say(f"slot {slot}: a new actor is starting")
         else:

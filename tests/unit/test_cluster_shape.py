@@ -114,16 +114,3 @@ def test_a_space_that_reaches_vllms_ray_executor_is_refused_before_ray_starts(tm
                       "+baseline.distributed_executor_backend=ray", tmp_path=tmp_path)
     with pytest.raises(ClusterError, match="baseline.distributed_executor_backend=ray"):
         sweep_cmd.run(cfg, Console(quiet=True))
-
-
-def test_a_slots_first_replicate_gets_the_generous_deadline_whatever_the_flags_took_on_a_warm_slot():
-    """A new actor's first start (a node's first: imports, weights read or fetched, compile caches cold) can
-    take many times what the same flags took on a warm slot: cut at 10 x that, it would be redone there
-    again and again, each time blamed on the slot."""
-    from throttle_sweep.cluster import deadline_s
-
-    assert deadline_s(30.0, fresh=False, job_timeout_s=1800.0, factor=10.0) == 300.0
-    assert deadline_s(1.0, fresh=False, job_timeout_s=1800.0, factor=10.0) == 60.0
-    assert deadline_s(None, fresh=False, job_timeout_s=1800.0, factor=10.0) == 1800.0
-    assert deadline_s(30.0, fresh=True, job_timeout_s=1800.0, factor=10.0) == 1800.0
-    assert deadline_s(300.0, fresh=True, job_timeout_s=1800.0, factor=10.0) == 3000.0
