@@ -38,6 +38,8 @@ def test_a_pooled_estimate_has_more_df_and_keeps_the_ratio():
     obs = simulate(ORDER, 0.95, drift_total=0.27, noise_sd=0.02, rng=rng)
     own, pooled = estimate(obs), estimate(obs, prior=prior)
     assert pooled.ratio == pytest.approx(own.ratio) and pooled.df == own.df + prior.df
+    first = simulate(make_schedule("abba", 2), 0.95, drift_total=0.1, noise_sd=0.02, rng=rng)
+    assert estimate(first, prior=prior).df == 1  # a first look (1 own df) keeps its own noise
     assert any("pooled" in w for w in pooled.warnings)
 
 
@@ -85,22 +87,16 @@ def test_pooled_comparisons_are_calibrated(noise, kind):
 @pytest.mark.calibration
 def test_pooling_buys_power_at_the_default_size_and_at_the_first_look():
     """A 5% saving at 2% noise, abba x4: CHEAPER in clearly more runs pooled than alone (the review measured
-    0.82 alone, 0.93 with a prior of about 10 df); at the first look (B C C B, 1 df) the pooled interval is a
-    fraction of its own."""
+    0.82 alone, 0.93 with a prior of about 10 df). A first look (B C C B, 1 df) is not pooled."""
     rng = np.random.default_rng(32)
     alone = pooled = 0
-    widths = []
     for _ in range(N_SIM):
         prior = pool_of(rng, [0.02] * 8)
         obs = simulate(ORDER, 0.95, drift_total=0.27, noise_sd=0.02, rng=rng)
         alone += estimate(obs).verdict == CHEAPER
         pooled += estimate(obs, prior=prior).verdict == CHEAPER
-        first = simulate(make_schedule("abba", 2), 0.95, drift_total=0.1, noise_sd=0.02, rng=rng)
-        own, moderated = estimate(first), estimate(first, prior=prior)
-        widths.append(math.log(moderated.ci_high / moderated.ci_low) / math.log(own.ci_high / own.ci_low))
-    print(f"\npower, 5% saving at 2% noise, abba x4: alone {alone / N_SIM:.3f}, pooled {pooled / N_SIM:.3f}; "
-          f"first look's interval pooled / alone: median {np.median(widths):.3f}")
-    assert pooled / N_SIM >= alone / N_SIM + 0.05 and np.median(widths) < 0.3
+    print(f"\npower, 5% saving at 2% noise, abba x4: alone {alone / N_SIM:.3f}, pooled {pooled / N_SIM:.3f}")
+    assert pooled / N_SIM >= alone / N_SIM + 0.05
 
 
 def test_a_sweep_pools_its_search_comparisons_noise_and_quotes_confirmation_on_its_own(tmp_path):
