@@ -102,16 +102,10 @@ def check_observations(observations: Sequence[Observation], arms: Sequence[str] 
 
 
 def fit(observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Least squares of log cost on [1, candidate, position]: coefficients, their covariance, residual df."""
-    y = np.log([o.cost for o in observations])
-    pos = np.array([o.position for o in observations], dtype=float)
-    x = np.column_stack([np.ones(len(y)), [o.arm == CANDIDATE for o in observations], pos - pos.mean()])
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    df = len(y) - x.shape[1]
-    resid = y - x @ coef
-    sigma2 = float(resid @ resid) / df if df > 0 else float("nan")
-    cov = sigma2 * np.linalg.inv(x.T @ x)
-    return coef, cov, df
+    """Least squares of log cost on [1, candidate, position]: coefficients, their covariance, residual df (the
+    joint fit of the two arms, which check_observations has made sure are baseline and candidate)."""
+    joint = fit_joint(observations)
+    return joint.coef, joint.cov, joint.df
 
 
 @dataclass(frozen=True)
