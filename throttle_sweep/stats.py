@@ -116,6 +116,14 @@ class JointFit:
     coef: np.ndarray  # [a, d_1 .. d_K, g]
     cov: np.ndarray
     df: int
+    unscaled: np.ndarray  # (X'X)^-1: the coefficients' covariance per unit of residual variance
+    resid: np.ndarray  # the runs' residuals, in the order of the observations
+    leverage: np.ndarray  # the hat matrix's diagonal: how much each run pulls the fit toward itself
+
+    @property
+    def sigma2(self) -> float:
+        """The residual variance (NaN with no residual df)."""
+        return float(self.resid @ self.resid) / self.df if self.df > 0 else float("nan")
 
     def effect(self, arm: str) -> tuple[float, float]:
         """The arm's log ratio to the baseline and its standard error."""
@@ -139,7 +147,9 @@ def fit_joint(observations: Sequence[Observation]) -> JointFit:
     df = len(y) - x.shape[1]
     resid = y - x @ coef
     sigma2 = float(resid @ resid) / df if df > 0 else float("nan")
-    return JointFit(arms, coef, sigma2 * np.linalg.inv(x.T @ x), df)
+    unscaled = np.linalg.inv(x.T @ x)
+    leverage = np.einsum("ij,jk,ik->i", x, unscaled, x)
+    return JointFit(arms, coef, sigma2 * unscaled, df, unscaled, resid, leverage)
 
 
 LACK_OF_FIT_P = 0.05
@@ -294,16 +304,17 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
     sweep's pooled noise), its residual variance is shrunk toward the prior's and its interval gets both
     df, unless its residuals disagree with the pool (one slow run, noise of its own): then its own alone."""
     check_observations(observations)
-    coef, cov, df = fit(observations)
+    joint = fit_joint(observations)
+    coef, df = joint.coef, joint.df
     own_df = df
-    se = float(math.sqrt(max(cov[1, 1], 0.0))) if df > 0 else float("nan")
-    scale = design_scale(observations)  # se^2 = residual variance x scale
-    own = se**2 / scale if df > 0 and scale > 0 else None
+    se = float(math.sqrt(max(joint.cov[1, 1], 0.0))) if df > 0 else float("nan")
+    scale = float(joint.unscaled[1, 1])  # se^2 = residual variance x scale
+    own = joint.sigma2 if df > 0 and scale > 0 else None
     notes = []
     # not at a first look (B C C B: 1 own df): its end runs' leverage hides a slow run or a noisier comparison
     # from the guard, and the pool would cut the t quantile from 12.7 to 2.2 (review: 5-9% false verdicts)
     if prior is not None and own is not None and df >= POOL_OWN_DF_MIN:
-        disagree = disagreement(observations, own, df, prior)
+        disagree = disagreement(observations, joint, prior)
         if disagree:
             notes.append(f"its residuals disagree with the noise pooled over {prior.comparisons} other comparisons "
                          f"({disagree}): judged on its own noise")
@@ -315,34 +326,23 @@ def estimate(observations: Sequence[Observation], thresholds: Thresholds = Thres
     return replace(est, resid_var=own, resid_df=own_df, warnings=est.warnings + tuple(notes))
 
 
-def disagreement(observations: Sequence[Observation], own: float, df: int, prior: Prior) -> str | None:
-    """Why this comparison's residuals do not fit the pooled noise, or None: its variance improbably large
-    (an F-test), or one run improbably far from the fit (its residual studentized by the pooled noise, a
-    Bonferroni t-test over the runs): a slow run that would otherwise hide in the pooled variance."""
+def disagreement(observations: Sequence[Observation], joint: JointFit, prior: Prior) -> str | None:
+    """Why this comparison's residuals (`joint`: its fit) do not fit the pooled noise, or None: its variance
+    improbably large (an F-test), or one run improbably far from the fit (its residual studentized by the
+    pooled noise, a Bonferroni t-test over the runs): a slow run that would otherwise hide in the pooled
+    variance."""
     if prior.s2 <= 0:
         return "the pool has no noise"
-    p = float(special.fdtrc(df, prior.df, own / prior.s2))
+    p = float(special.fdtrc(joint.df, prior.df, joint.sigma2 / prior.s2))
     if p < GUARD_P:
-        return f"variance {own / prior.s2:.1f}x theirs, F-test p = {p:.4f}"
-    y = np.log([o.cost for o in observations])
-    pos = np.array([o.position for o in observations], dtype=float)
-    x = np.column_stack([np.ones(len(y)), [o.arm == CANDIDATE for o in observations], pos - pos.mean()])
-    hat = x @ np.linalg.inv(x.T @ x) @ x.T
-    resid = y - hat @ y
-    studentized = np.abs(resid) / np.sqrt(prior.s2 * np.clip(1 - np.diag(hat), 1e-12, None))
+        return f"variance {joint.sigma2 / prior.s2:.1f}x theirs, F-test p = {p:.4f}"
+    studentized = np.abs(joint.resid) / np.sqrt(prior.s2 * np.clip(1 - joint.leverage, 1e-12, None))
     worst = int(np.argmax(studentized))
-    limit = t_quantile(1 - GUARD_P / (2 * len(y)), prior.df)
+    limit = t_quantile(1 - GUARD_P / (2 * len(observations)), prior.df)
     if studentized[worst] > limit:
         return (f"the run at position {observations[worst].position:g} is {studentized[worst]:.1f} pooled standard "
                 f"deviations from the fit, beyond {limit:.1f}")
     return None
-
-
-def design_scale(observations: Sequence[Observation]) -> float:
-    """The arm effect's variance per unit of residual variance: [(X'X)^-1] for the arm, from the design alone."""
-    pos = np.array([o.position for o in observations], dtype=float)
-    x = np.column_stack([np.ones(len(pos)), [o.arm == CANDIDATE for o in observations], pos - pos.mean()])
-    return float(np.linalg.inv(x.T @ x)[1, 1])
 
 
 def estimate_joint(observations: Sequence[Observation], thresholds: Thresholds = Thresholds()) -> dict[str, Estimate]:
