@@ -11,7 +11,7 @@ so the work (the cost's denominator) never moves within one. The calibration run
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -19,6 +19,27 @@ from throttle_sweep.workload import WorkloadSpec
 
 STAGE = "calibration"
 CONTEXT = {"stage": STAGE}
+
+
+class Failed(Exception):
+    """The calibration run failed (its words say why and what to do); nothing was sized."""
+
+
+def size(spec: WorkloadSpec, baseline: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
+         run_baseline: Callable[[], Mapping[str, Any]], *, attempts: int = 1) -> tuple[WorkloadSpec, str]:
+    """The workload every replicate runs, and the sentence that says how it was sized: from the calibration run
+    an earlier run recorded, or from one made now (`run_baseline`, which writes its record), again while its
+    slot is lost (infrastructure), up to `attempts` times. Raises Failed when it does not run ok."""
+    record = found(records, spec, baseline)
+    again = record is not None
+    for _ in range(0 if again else attempts):
+        record = run_baseline()
+        if record["status"] == "ok" or not record.get("infrastructure"):
+            break
+    if record is None or record["status"] != "ok":
+        raise Failed(failed_words(record or {}))
+    now = sized(spec, record)
+    return now, sentence(spec, now, record, again=again)
 
 
 def sized_requests(spec: WorkloadSpec, wall_s: float) -> int:

@@ -117,27 +117,29 @@ def sized_by_time(spec, engine, price, baseline, log: RecordLog, *, run_id: str,
     calibration run failed, 130 if it was interrupted."""
     if spec.replicate_s is None:
         return spec
-    record = calibration.found(log.records, spec, baseline)
-    again = record is not None
-    if record is None:
+
+    def run_baseline() -> dict:
         slot = WarmSlot(engine, spec, price, run_id=run_id, **warm)
         try:
             with stop_on_sigterm():
                 record = slot.measure(baseline, BASELINE, 0, calibration.CONTEXT)
                 with deferred():
                     log.append(record)
-        except KeyboardInterrupt:
-            say("[bold yellow]interrupted[/] in the calibration run (workload.replicate_s); nothing else was "
-                "measured. Run the same command again to start", highlight=False)
-            return 130
+            return record
         finally:
             with shielded():
                 slot.close()
-        if record["status"] != "ok":
-            say(f"[red]{calibration.failed_words(record)}[/]", highlight=False)
-            return 1
-    sized = calibration.sized(spec, record)
-    say(calibration.sentence(spec, sized, record, again=again), highlight=False)
+
+    try:
+        sized, sentence = calibration.size(spec, baseline, log.records, run_baseline)
+    except KeyboardInterrupt:
+        say("[bold yellow]interrupted[/] in the calibration run (workload.replicate_s); nothing else was "
+            "measured. Run the same command again to start", highlight=False)
+        return 130
+    except calibration.Failed as exc:
+        say(f"[red]{exc}[/]", highlight=False)
+        return 1
+    say(sentence, highlight=False)
     return sized
 
 

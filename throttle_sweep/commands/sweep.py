@@ -128,17 +128,12 @@ def sized_by_time(run: SweepRun, log: RecordLog, say: Callable[[str], None],
     """The run with its work sized from the baseline's calibration run: read back from the records, or made
     now on a slot of its own (again if the slot was lost). The size joins what the study records it measured
     with, so a study never ranks ratios of two works."""
-    record = calibration.found(log.records, run.spec, run.baseline)
-    again = record is not None
-    if record is None:
-        for _ in range(MAX_ATTEMPTS):
-            record = calibrate(run, log, say, starts)
-            if record["status"] == "ok" or not record.get("infrastructure"):
-                break
-        if record["status"] != "ok":
-            raise BaselineFails(calibration.failed_words(record))
-    spec = calibration.sized(run.spec, record)
-    say(calibration.sentence(run.spec, spec, record, again=again))
+    try:
+        spec, sentence = calibration.size(run.spec, run.baseline, log.records,
+                                          lambda: calibrate(run, log, say, starts), attempts=MAX_ATTEMPTS)
+    except calibration.Failed as exc:
+        raise BaselineFails(str(exc)) from None
+    say(sentence)
     return replace(run, spec=spec, measurement={**run.measurement, "calibrated_num_requests": spec.num_requests})
 
 
