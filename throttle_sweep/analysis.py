@@ -153,8 +153,8 @@ def analyse_joint(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, 
                   cost: str = "steady") -> dict[int, Analysis]:
     """Each candidate of a joint comparison: its view's analysis (the checks of its denominator, its notes),
     with the estimate of one fit over all the comparison's runs (stats.estimate_joint): the same ratio in a
-    balanced schedule, on the residual df of every run. A view that gets no estimate of its own leaves every
-    view to its own fit."""
+    balanced schedule, the drift from every run, each arm's own noise. A view that gets no estimate of its
+    own leaves every view to its own fit."""
     trials = sorted({r["trial"] for r in records if r["arm"] != BASELINE and r.get("trial") is not None})
     views = {trial: analyse(candidate_view(records, trial), thresholds, token_tolerance=token_tolerance,
                             cost=cost) for trial in trials}
@@ -172,8 +172,8 @@ def analyse_joint(records: Sequence[Mapping[str, Any]], thresholds: Thresholds, 
         est, own = fitted[label[trial]], analysis.estimate
         analysis.notes = [n for n in analysis.notes if n not in own.warnings] + list(est.warnings)
         analysis.notes.append(f"one fit over the joint schedule's {len(ok)} runs ({len(trials)} candidates, the "
-                              f"baseline and the drift): {est.df} df, where this candidate's runs and the "
-                              f"baseline's alone give {own.df}")
+                              f"baseline and the drift), each arm's noise its own: {est.df:g} df (Welch-"
+                              f"Satterthwaite), where this candidate's runs and the baseline's alone give {own.df}")
         analysis.estimate, analysis.verdict = est, est.verdict
     return views
 

@@ -51,7 +51,7 @@ def lines(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> li
     if est is not None:
         pct = est.percent
         out.append(f"ratio candidate/baseline {est.ratio:.3f}  ({level:g}% CI {est.ci_low:.3f} to {est.ci_high:.3f}, "
-                   f"t with {est.df} df)")
+                   f"t with {est.df:g} df)")
         out.append(f"change {pct[0]:+.1f}%  ({level:g}% CI {pct[1]:+.1f}% to {pct[2]:+.1f}%)")
         out.append(f"drift {100 * est.drift_per_position:+.2f}% per replicate (estimated, removed from the ratio)")
     verdict = f"verdict: {analysis.verdict}"

@@ -66,9 +66,10 @@ def test_a_joint_schedule_reads_as_the_mirrored_blocks_and_refuses_odd_counts():
         joint_schedule(2, 3)
 
 
-def simulate_joint(order, ratios, *, rng, noise_sd, kind="none"):
+def simulate_joint(order, ratios, *, rng, noise_sd, kind="none", trial_noise=None):
     """Records of a joint schedule, a warm-up run first (dropped, as the tool drops it), under +27% linear
-    drift and one of the review's perturbations; candidate arm labels map to trials 0, 1, ..."""
+    drift and one of the review's perturbations; candidate arm labels map to trials 0, 1, ... `trial_noise`:
+    {trial: sd} for arms noisier (or quieter) than `noise_sd`."""
     runs = [order[0], *order]
     n = len(runs)
     out = []
@@ -80,7 +81,8 @@ def simulate_joint(order, ratios, *, rng, noise_sd, kind="none"):
         trial = None if arm == BASELINE else (0 if arm == CANDIDATE else int(arm.rsplit("-", 1)[1]) - 1)
         ratio = 1.0 if trial is None else ratios[trial]
         out.append({"arm": BASELINE if trial is None else CANDIDATE, "trial": trial, "position": i,
-                    "usd_per_mtok": factor * ratio * math.exp(rng.normal(0, noise_sd)), "status": "ok"})
+                    "usd_per_mtok": factor * ratio * math.exp(rng.normal(0, (trial_noise or {}).get(trial, noise_sd))),
+                    "status": "ok"})
     return out[1:]
 
 
@@ -146,14 +148,14 @@ def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directl
     two candidates confirmed together directly (their runs share the baseline's, whose noise a contrast of
     the two ratios would count twice): equal candidates are told apart either way in <= alpha/2 of runs
     each (plus 3 MC standard errors), and a true 4% gap at 2% noise is told apart clearly more often than
-    by the contrast of ratios (measured: 0.88 against 0.67; a's runs against b's alone, without the
-    baseline's in the fit, gave 0.82)."""
+    by the contrast of ratios (measured: 0.79 against 0.67, each arm's noise its own; one variance over
+    all three arms gave 0.88, but lent a noisy arm the quiet arms' precision)."""
     rng = np.random.default_rng(12)
     adjusted = Thresholds(alpha=0.05 / 2)
     found = first = second = direct = of_ratios = 0
     for i in range(N_SIM):
         saving = simulate_joint(joint_schedule(2, 4, lead=i), [0.95, 1.0], rng=rng, noise_sd=0.01)
-        found += analyse_joint(saving, adjusted)[0].verdict == CHEAPER  # one fit over the 12 runs: 8 df
+        found += analyse_joint(saving, adjusted)[0].verdict == CHEAPER  # one fit over the 12 runs
         equal = simulate_joint(joint_schedule(2, 4, lead=i), [0.8, 0.8], rng=rng, noise_sd=rng.uniform(0.01, 0.03))
         a, b = confirmed(equal, 0, adjusted), confirmed(equal, 1, adjusted)
         first += cheaper_than(a, b, 0.05)
@@ -167,7 +169,7 @@ def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directl
           f"{direct / N_SIM:.3f}, by the contrast of ratios {of_ratios / N_SIM:.3f}")
     assert found / N_SIM >= 0.95
     assert first / N_SIM <= 0.025 + MC_SLACK and second / N_SIM <= 0.025 + MC_SLACK
-    assert direct / N_SIM >= of_ratios / N_SIM + 0.15
+    assert direct / N_SIM >= of_ratios / N_SIM + 0.08
 
 
 def OneSlot(fail=None, stop_after=None, fail_arm=CANDIDATE):  # noqa: N802 - reads as the pool it builds
@@ -278,7 +280,7 @@ def test_the_sweep_command_shares_the_baseline_and_analyze_recomputes_each_candi
         assert f"{view[0]['comparison']}-trial-{trial}" in printed
         ratio = analyse(view, Thresholds()).estimate.ratio
         assert f"ratio candidate/baseline {ratio:.3f}" in printed
-    assert printed.count("t with 8 df") == 2  # one fit over the 12 runs (two candidates, the baseline, drift)
+    assert printed.count("Welch-Satterthwaite") == 2  # one fit over the 12 runs (two candidates, the baseline, drift)
     winner = json.loads((tmp_path / "j" / "best" / "best.json").read_text())
     assert winner["params"]["max_num_seqs"] in {r["flags"]["max_num_seqs"] for r in confirm if r["arm"] == CANDIDATE}
 

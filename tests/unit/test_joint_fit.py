@@ -1,6 +1,7 @@
 """One least-squares fit over a joint confirmation's runs (every candidate's arm, the baseline's, the drift):
-each candidate keeps the estimate its own view gives (every arm is balanced against position), and its
-interval gets the residual df of all the runs, not of its view's 8 runs alone (#27)."""
+each candidate keeps the estimate its own view gives (every arm is balanced against position), the drift
+comes from all the runs, and each arm's noise is its own (Welch-Satterthwaite), so that a noisy candidate
+does not borrow the quiet ones' precision (#27)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
 
 
 @pytest.mark.parametrize("candidates", [2, 3])
-def test_one_fit_keeps_each_candidates_estimate_and_gains_the_df_of_all_runs(candidates):
+def test_one_fit_keeps_each_candidates_estimate_on_each_arms_own_noise(candidates):
     rng = np.random.default_rng(3)
     records = simulate_joint(joint_schedule(candidates, 4), [0.9, 1.0, 1.05][:candidates], rng=rng, noise_sd=0.02)
     joint = analyse_joint(records, Thresholds())
@@ -24,14 +25,16 @@ def test_one_fit_keeps_each_candidates_estimate_and_gains_the_df_of_all_runs(can
     for trial, analysis in joint.items():
         alone = view_estimate(records, trial)
         assert analysis.estimate.ratio == pytest.approx(alone.ratio, rel=1e-9)
-        assert (alone.df, analysis.estimate.df) == (8 - 3, 4 * (candidates + 1) - (candidates + 2))
+        # Satterthwaite's df: at least 1, at most the residual df of all the runs
+        assert alone.df == 5 and 1 <= analysis.estimate.df <= 4 * (candidates + 1) - (candidates + 2)
         assert analysis.verdict == analysis.estimate.verdict
-        assert any("one fit over the joint schedule" in note for note in analysis.notes)
+        assert any("one fit over the joint schedule" in note and "Welch-Satterthwaite" in note
+                   for note in analysis.notes)
 
 
-def test_the_joint_fit_narrows_the_intervals_on_average():
-    """Three candidates, 2% noise: the 95% interval narrows by about an eighth on average, as the t quantile
-    at 11 df against 5 (2.201 / 2.571) and the smaller downward bias of s at 11 df predict (0.88)."""
+def test_each_arms_own_noise_costs_little_width_at_equal_noise():
+    """Three candidates, 2% noise each: the price of not pooling the arms' noise is a 95% interval about 5%
+    wider on average than a view's own (its 5 df pool the baseline's and the candidate's)."""
     rng = np.random.default_rng(4)
     alone, joint = [], []
     for _ in range(300):
@@ -41,7 +44,7 @@ def test_the_joint_fit_narrows_the_intervals_on_average():
             a, j = view_estimate(records, trial), fitted[trial].estimate
             alone.append(math.log(a.ci_high / a.ci_low))
             joint.append(math.log(j.ci_high / j.ci_low))
-    assert 0.84 < np.mean(joint) / np.mean(alone) < 0.91
+    assert 0.98 < np.mean(joint) / np.mean(alone) < 1.10
 
 
 N_SIM = 2000
@@ -70,3 +73,26 @@ def test_the_joint_fit_is_calibrated_for_every_candidate(candidates, kind):
     se_cover, se_side = 3 * math.sqrt(0.05 * 0.95 / N_SIM), 3 * math.sqrt(0.025 * 0.975 / N_SIM)
     for coverage, cheaper, pricier in rates.values():
         assert coverage >= 0.95 - se_cover and cheaper <= 0.025 + se_side and pricier <= 0.025 + se_side
+
+
+@pytest.mark.calibration
+@pytest.mark.parametrize("candidates", [2, 3])
+def test_one_noisier_arm_keeps_its_own_noise(candidates):
+    """A/A, the first candidate's runs 3% noisy, every other arm's 1%: one residual variance over all the runs
+    lent the noisy arm the quiet arms' precision (coverage 0.85-0.90, false verdicts 4.5-7.4% a side). Its
+    interval must still cover
+    >= 95% with neither false verdict above alpha/2 (each less or plus 3 Monte-Carlo standard errors)."""
+    rng = np.random.default_rng(22)
+    cover = cheaper = pricier = 0
+    for i in range(N_SIM):
+        records = simulate_joint(joint_schedule(candidates, 4, lead=i % (candidates + 1)), [1.0] * candidates,
+                                 rng=rng, noise_sd=0.01, trial_noise={0: 0.03})
+        est = analyse_joint(records, Thresholds())[0].estimate
+        cover += est.ci_low <= 1.0 <= est.ci_high
+        cheaper += est.verdict == CHEAPER
+        pricier += est.verdict == PRICIER
+    rates = cover / N_SIM, cheaper / N_SIM, pricier / N_SIM
+    print(f"\none arm 3% noisy, the rest 1% ({candidates} candidates): coverage {rates[0]:.3f}, "
+          f"CHEAPER {rates[1]:.4f}, PRICIER {rates[2]:.4f}")
+    se_cover, se_side = 3 * math.sqrt(0.05 * 0.95 / N_SIM), 3 * math.sqrt(0.025 * 0.975 / N_SIM)
+    assert rates[0] >= 0.95 - se_cover and rates[1] <= 0.025 + se_side and rates[2] <= 0.025 + se_side

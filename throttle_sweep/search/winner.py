@@ -52,8 +52,8 @@ def cheaper_than(a: Confirmation, b: Confirmation, alpha: float) -> bool:
             check_observations(list(runs.values()), [BASELINE, "a", "b"])
             fitted = fit_joint(list(runs.values()))
             if fitted.df > 0:
-                diff, se = fitted.contrast("a", "b")
-                return diff + t_quantile(1 - alpha / 2, fitted.df) * se < 0
+                diff, se, df = fitted.contrast("a", "b")
+                return diff + t_quantile(1 - alpha / 2, df) * se < 0
     return clearly_lower(a.analysis.estimate, b.analysis.estimate, alpha)
 
 
