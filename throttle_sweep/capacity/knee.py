@@ -1,0 +1,88 @@
+"""The capacity and its interval, from replicated runs at a few rates around the knee, assuming only that
+attainment does not rise with the rate. A run is one observation (requests within a run share its queue, so
+the run, not the request, carries the noise): its attainment's empirical logit. At each rate, a one-sided t
+test says whether attainment is above the target (the SLO holds) or below it. The lower bound is the highest
+rate of the run of rates, tested upward from the lowest, that all hold beyond doubt; the upper bound the
+lowest of those, tested downward from the highest, that all fail beyond doubt. Testing in a fixed order, each
+side errs with at most alpha/2 whatever the curve's shape (a line through the knee was not: a queue collapses
+faster above its capacity than attainment falls below it, and one line over the knee runs covered the
+capacity in 11% of simulated searches). The estimate interpolates the rates' mean logits in log rate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from throttle_sweep.stats import t_quantile
+
+
+@dataclass(frozen=True)
+class RateLevel:
+    rate: float
+    runs: int
+    attainment: float  # the runs' mean share of requests that met the SLO
+    logit: float  # the runs' mean empirical logit
+    verdict: str  # holds | fails | unclear: beyond doubt, one-sided at alpha/2
+
+
+@dataclass(frozen=True)
+class Knee:
+    capacity_rps: float | None  # where the mean logits cross the target (None: they do not, within the rates)
+    low: float | None  # the interval; None: unbounded on that side within the rates run
+    high: float | None
+    levels: tuple[RateLevel, ...]
+
+
+def empirical_logit(met: int, counted: int) -> float:
+    return math.log((met + 0.5) / (counted - met + 0.5))
+
+
+def level(rate: float, logits: Sequence[float], shares: Sequence[float], goal: float, alpha: float,
+          pooled: tuple[float, int]) -> RateLevel:
+    mean = float(np.mean(logits))
+    s2, df = pooled
+    if df < 1:
+        verdict = "unclear"
+    else:
+        half = t_quantile(1 - alpha / 2, df) * math.sqrt(s2 / len(logits))
+        verdict = "holds" if mean - half > goal else "fails" if mean + half < goal else "unclear"
+    return RateLevel(rate, len(logits), float(np.mean(shares)), mean, verdict)
+
+
+def pooled_noise(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """The runs' variance about their rate's mean, pooled over the rates, and its df."""
+    df = sum(len(g) - 1 for g in groups)
+    ss = sum(float(((np.asarray(g) - np.mean(g)) ** 2).sum()) for g in groups)
+    return (ss / df if df else float("nan")), df
+
+
+def fit_knee(points: Sequence[tuple[float, int, int]], target: float, alpha: float = 0.05) -> Knee:
+    """points: (rate, met, counted) per run; target: the SLO's attainment."""
+    goal = math.log(target / (1 - target))
+    rates = sorted({p[0] for p in points})
+    logits = {r: [empirical_logit(m, n) for x, m, n in points if x == r] for r in rates}
+    noise = pooled_noise(list(logits.values()))
+    levels = tuple(level(r, logits[r], [m / n for x, m, n in points if x == r], goal, alpha, noise)
+                   for r in rates)
+    low = None
+    for lv in levels:  # upward: every rate so far holds
+        if lv.verdict != "holds":
+            break
+        low = lv.rate
+    high = None
+    for lv in reversed(levels):
+        if lv.verdict != "fails":
+            break
+        high = lv.rate
+    capacity = None
+    for a, b in zip(levels, levels[1:], strict=False):
+        if a.logit >= goal >= b.logit and a.logit > b.logit:
+            w = (a.logit - goal) / (a.logit - b.logit)
+            capacity = math.exp(math.log(a.rate) + w * (math.log(b.rate) - math.log(a.rate)))
+            break
+    if capacity is not None:  # the point estimate within its interval
+        capacity = min(max(capacity, low or 0.0), high or math.inf)
+    return Knee(capacity, low, high, levels)
