@@ -270,6 +270,7 @@ class Step:
     ended_s: float
     in_flight: int  # requests in flight (submitted, not finished) when the step began
     tokens: int  # output tokens the step produced
+    began_s: float | None = None
 
 
 @dataclass
@@ -323,12 +324,12 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
             while pending and in_flight < concurrency:
                 submit(pending.pop())
         else:
-            while pending and pending[-1].arrival_s <= session.now() - started:
+            while pending and started + pending[-1].arrival_s <= session.now():  # as wait_until reaches it
                 submit(pending.pop())
             if not in_flight:
                 session.wait_until(started + pending[-1].arrival_s)
                 continue
-        began_with = in_flight
+        began_with, began = in_flight, session.now()
         events = session.step()
         now = session.now()
         peak_kv = max(peak_kv, session.kv_cache_usage())
@@ -347,7 +348,7 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
             if event.finished:
                 timing.finished_s = at
                 in_flight -= 1
-        steps.append(Step(now, began_with, produced))
+        steps.append(Step(now, began_with, produced, began))
         computed = computed_tokens()
         trace.update(repr((began_with, sorted((order[e.request_id], e.output_tokens) for e in events),
                            sorted((order[r], n) for r, n in computed.items() if r in order))).encode())

@@ -17,7 +17,7 @@ from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
+from throttle_sweep.measure import behind_schedule, measure_replicate
 from throttle_sweep.workload import WorkloadSpec, drive, make_requests
 
 WAVES = WorkloadSpec(num_requests=64, prompt_len=64, output_len=128, concurrency=64, warmup_requests=0)
@@ -146,3 +146,40 @@ def test_measure_and_compare_say_when_max_num_seqs_is_above_the_concurrency(tmp_
                       tmp_path=tmp_path)
     assert compare_cmd.run(cfg, console) == 0
     assert "candidate.max_num_seqs=32 is above the 8 requests" in console.export_text()
+
+
+def test_open_loop_records_keep_every_requests_latencies_and_how_far_the_driver_fell_behind():
+    record = measure({}, spec=OPEN, knobs=SLOW_PREFILL)
+    rows = record["requests_s"]
+    assert len(rows) == 40 and rows == sorted(rows, key=lambda r: r[0])
+    assert statistics.median(r[1] for r in rows) == pytest.approx(record["latency_s"]["ttft"]["p50"], rel=1e-4)
+    # late only by waiting for the step under way: the engine's doing, not the driver's
+    assert record["lateness_s"]["p99"] > 0.02 and record["lateness_s"]["beyond_steps_p99"] < 0.001
+
+
+def test_a_driver_stalled_between_steps_is_behind_its_schedule():
+    class Stalling(FakeEngine):
+        def start(self, flags):
+            session = super().start(flags)
+            add = session.add
+
+            def slow_add(request):  # the client spends 30 ms handing every request over
+                add(request)
+                session.clock += 0.03
+            session.add = slow_add
+            return session
+
+    session = Stalling(SLOW_PREFILL).start({"max_model_len": 1024})
+    result = drive(session, make_requests(OPEN), loop="open", concurrency=8)
+    assert behind_schedule(result) > 0.02
+
+
+@pytest.mark.timeout(20)
+def test_an_open_loop_on_a_clock_that_does_not_start_at_zero_submits_every_request():
+    """Waiting until a request is due sets the virtual clock to start + arrival; (start + arrival) - start
+    can round below arrival, which left the driver waiting for that same instant for ever."""
+    session = FakeEngine(SLOW_PREFILL).start({"max_model_len": 1024})
+    session.clock = 1.7  # as after a warm-up run
+    result = drive(session, make_requests(dataclasses.replace(OPEN, rate=5.0, num_requests=20)), loop="open",
+                   concurrency=8)
+    assert all(t.finished_s is not None for t in result.timings)
