@@ -126,8 +126,31 @@ class EndpointConf:
 
 
 @dataclass
+class SloConf:
+    """mode=capacity: which requests meet the latency SLO, and what share of them must."""
+
+    p95_ttft_s: float | None = None  # time to first token, from the request's scheduled arrival
+    p95_tpot_s: float | None = None  # time per output token after the first
+    attainment: float = 0.9  # the share of requests that must meet both limits (DistServe's goodput)
+
+
+@dataclass
+class CapacityConf:
+    """mode=capacity: how the arrival rate is searched (capacity/search.py)."""
+
+    rate_start: float | None = None  # requests/s of the first run; null: workload.rate if an open loop, else 1
+    rel_tol: float = 0.1  # bisection stops once the highest rate that holds and the lowest that fails are this close
+    knee_rates: int = 7  # then this many rates around the knee ...
+    knee_replicates: int = 3  # ... run this many times each, in alternating order
+    knee_margin: float = 0.2  # the knee's rates reach this far beyond the bracket, each side
+    settle_share: float = 0.2  # the first share of a run's arrival schedule is not counted (the queue fills)
+    min_rate: float = 0.01
+    max_rate: float = 10000.0
+
+
+@dataclass
 class Config:
-    mode: str = "measure"  # measure | compare | analyze | sweep | export
+    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity
     backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | fake
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
@@ -140,6 +163,8 @@ class Config:
     cost: CostConf = field(default_factory=CostConf)
     compare: CompareConf = field(default_factory=CompareConf)
     study: StudyConf = field(default_factory=StudyConf)
+    slo: SloConf = field(default_factory=SloConf)
+    capacity: CapacityConf = field(default_factory=CapacityConf)
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
     slots: int | None = None  # sweeps on this machine: engine slots side by side; null: one per core (CPU build)

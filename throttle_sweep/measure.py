@@ -4,6 +4,7 @@ shut down for it (`measure_replicate`). A failure becomes a record, never a cras
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import socket
 import time
@@ -35,6 +36,20 @@ def percentiles(values: list[float]) -> dict[str, float | int | None]:
 
 
 LATE_NOTE_S = 0.005  # open loop: lateness beyond this (and beyond 10% of the median TTFT) is flagged
+BEHIND_S = 0.010  # open loop: the driver is behind its schedule when requests wait this much beyond a step's end
+
+
+def behind_schedule(result: DriveResult) -> float:
+    """How far the driver fell behind its arrival schedule beyond what waiting for the engine's step explains
+    (p99 over requests, seconds): a request due mid-step can only be added once the step ends, as a server
+    does, so that wait is the engine's; anything after it is the client's, and says nothing of the engine."""
+    ends = [step.ended_s for step in result.steps]
+    beyond = []
+    for t in result.timings:
+        i = bisect.bisect_right(ends, t.scheduled_s)  # the first step to end after it was due
+        under_way = i < len(ends) and (result.steps[i].began_s or 0.0) <= t.scheduled_s
+        beyond.append(max(0.0, t.submitted_s - (ends[i] if under_way else t.scheduled_s)))
+    return float(np.percentile(beyond, 99)) if beyond else 0.0
 
 
 def steady_window(result: DriveResult) -> tuple[float, int] | None:
@@ -88,7 +103,15 @@ def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str
                          "output_tokens": tokens, "drain_share": 1 - seconds / wall_s if wall_s > 0 else 0.0,
                          "in_flight": result.full}
     if spec.loop == "open":
-        out["lateness_s"] = {**percentiles(late), "max": max(late) if late else None}
+        out["lateness_s"] = {**percentiles(late), "max": max(late) if late else None,
+                             "beyond_steps_p99": behind_schedule(result)}
+        # every request's arrival offset, TTFT and TPOT: attainment of any SLO, computed later (capacity)
+        out["requests_s"] = [[round(t.scheduled_s - result.started_s, 6),
+                              None if t.first_token_s is None or t.finished_s is None
+                              else round(t.first_token_s - t.scheduled_s, 6),
+                              None if t.first_token_s is None or t.finished_s is None or t.output_tokens < 2
+                              else round((t.finished_s - t.first_token_s) / (t.output_tokens - 1), 6)]
+                             for t in result.timings]
         p50_ttft = out["latency_s"]["ttft"]["p50"] or 0.0
         if late and out["lateness_s"]["p99"] > max(LATE_NOTE_S, 0.1 * p50_ttft):
             out.setdefault("notes", []).append(

@@ -152,6 +152,8 @@ RUN_KEYS = {
                 "compare.replicates", "compare.warmup_replicate", "compare.restart", "compare.restart_every",
                 "compare.engine_warmup", "compare.engines_per_slot", "compare.lead", "compare.seed"),
     "sweep": ("mode", "backend"),  # a study checks the rest itself (commands/sweep.same_measurement)
+    "capacity": ("mode", "backend", "engine", "workload", "cost", "slo", "capacity", "compare.restart",
+                 "compare.restart_every", "compare.engine_warmup"),
 }
 
 

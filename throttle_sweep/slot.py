@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from throttle_sweep.cost import Price
@@ -68,12 +69,14 @@ class WarmSlot:
         while len(self.hosts) < (1 if self.restart == "per_replicate" else self.engines):
             self.hosts.append(self._new_host())
 
-    def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
-                ) -> dict[str, Any]:
+    def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any], *,
+                rate: float | None = None) -> dict[str, Any]:
+        """One replicate; `rate`: an open loop at this arrival rate instead of the workload's (mode=capacity)."""
+        spec = self.spec if rate is None else replace(self.spec, loop="open", rate=rate)
         with self._hosts_lock:
             host = None if self.closed else self._host_for(arm, flags)
         if host is None:  # shutting down (Ctrl-C): no engine process is started for it
-            header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
+            header = record_header(self.engine, flags, spec, self.price, run_id=self.run_id, arm=arm,
                                    position=position, environment=self.environment or {"engine": self.engine.name},
                                    context=context)
             return failed_record(header, "the slot was shut down", failed_at="start", infrastructure=True)
@@ -82,16 +85,17 @@ class WarmSlot:
         except EngineProcessDied as exc:  # it never got to these flags: the slot's failure, not theirs
             # what is known of the machine, never read here: the driver does not import the engine's code
             known = self.environment or {"engine": self.engine.name}
-            header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
+            header = record_header(self.engine, flags, spec, self.price, run_id=self.run_id, arm=arm,
                                    position=position, environment=known, context=context)
             return {**self._lost(host, header, exc), "infrastructure": True}
         if self.environment is None:  # read where the engine runs (a Ray actor need not import vLLM itself)
             self.environment = host.environment
-        header = record_header(self.engine, flags, self.spec, self.price, run_id=self.run_id, arm=arm,
+        header = record_header(self.engine, flags, spec, self.price, run_id=self.run_id, arm=arm,
                                position=position, environment=self.environment, context=context)
         same = host.key == lifetime_key(arm, flags)
         pin, alone = self._kv_pin(flags, starts=not same) if self.sleeps else (None, False)
-        record = self._measure_on(host, flags, arm, dict(header), context, same=same, pin=pin, alone=alone)
+        record = self._measure_on(host, flags, arm, dict(header), context, same=same, pin=pin, alone=alone,
+                                  rate=rate)
         refused = record["status"] == "failed" and record.get("failed_at") == "start" \
             and not record.get("infrastructure") and not self.closed and host in self.hosts
         if refused and self.sleeps and not alone and (pin is not None or refused_for_memory(record.get("reason"))):
@@ -100,7 +104,8 @@ class WarmSlot:
             # to itself; on this slot, starts beside sleepers are made alone from now on
             self.pins_fit = False
             why = record.get("reason")
-            record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=pin, alone=True)
+            record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=pin, alone=True,
+                                      rate=rate)
             record["kv_pin"]["refused_beside_sleepers"] = why
             refused = record["status"] == "failed" and record.get("failed_at") == "start" \
                 and not record.get("infrastructure") and not self.closed
@@ -111,8 +116,8 @@ class WarmSlot:
         return record
 
     def _measure_on(self, host: EngineHost, flags: Mapping[str, Any], arm: str, header: dict[str, Any],
-                    context: Mapping[str, Any], *, same: bool, pin: dict[str, Any] | None, alone: bool
-                    ) -> dict[str, Any]:
+                    context: Mapping[str, Any], *, same: bool, pin: dict[str, Any] | None, alone: bool,
+                    rate: float | None = None) -> dict[str, Any]:
         if self.sleeps:  # the engine starts with sleep mode on; the record keeps the arm's flags
             header["engine_flags"] = self.engine.engine_flags({**flags, **(pin or {}), "enable_sleep_mode": True})
             if pin is not None or alone:
@@ -130,7 +135,7 @@ class WarmSlot:
         # a probe is one run that only counts preemptions (deterministic): it needs no warm engine, and it
         # warms the engine for a comparison that may follow on the same flags
         warmup = self.engine_warmup if context.get("stage") != "probe" else "none"
-        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps, pin=pin)
+        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps, pin=pin, rate=rate)
         self.runs += 1
         try:
             record = host.measure(task)

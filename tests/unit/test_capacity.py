@@ -1,0 +1,90 @@
+"""mode=capacity on the fake engine (#26): the highest arrival rate at which one configuration keeps its SLO,
+with an interval, goodput and cost there; a resume, an SLO never met or always met, and bad input refused
+before any engine starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.capacity.slo import Slo, attainment
+from throttle_sweep.cli_errors import compose_or_explain
+from throttle_sweep.commands import capacity as capacity_cmd
+from throttle_sweep.config import CONF_DIR
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.records import read_records
+
+SLO = ("slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05")
+SMALL = ("backend=fake", "workload.num_requests=100", "capacity.knee_rates=4", "capacity.knee_replicates=2")
+
+
+def run(tmp_path, *args, name="cap"):
+    console = Console(record=True, width=200)
+    code = capacity_cmd.run(compose_cfg("mode=capacity", f"run={name}", *args, tmp_path=tmp_path), console)
+    return code, console.export_text()
+
+
+def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path):
+    code, said = run(tmp_path, *SMALL, *SLO, "fake.noise_sd=0.02")
+    assert code == 0, said
+    summary = json.loads((tmp_path / "cap" / "summary.json").read_text())
+    low, high = summary["capacity_ci"]
+    assert low <= summary["capacity_rps"] <= high and high / low < 1.6
+    slo = Slo(0.2, 0.05, 0.9)
+    knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"]
+    assert len(knee) == 4 * 2
+    for record in knee:  # every run at or below the lower bound kept the SLO; at or above the upper, broke it
+        met, counted = attainment(record, slo, 0.2)
+        if record["workload"]["rate"] <= low:
+            assert met / counted >= 0.9
+        if record["workload"]["rate"] >= high:
+            assert met / counted < 0.9
+    tokens = summary["output_tokens_per_request"]
+    assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
+    assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
+    assert f"capacity: {summary['capacity_rps']:.3g} req/s, 95% CI" in said
+    assert (tmp_path / "cap" / "capacity.png").stat().st_size > 10_000
+
+
+def test_a_rerun_reads_the_runs_back_and_measures_nothing_again(tmp_path):
+    assert run(tmp_path, *SMALL, *SLO, "plots=false")[0] == 0
+    first = read_records(tmp_path / "cap" / "replicates.jsonl")
+    code, said = run(tmp_path, *SMALL, *SLO, "plots=false")
+    assert code == 0 and f"resuming: {len(first)} runs already measured" in said
+    assert read_records(tmp_path / "cap" / "replicates.jsonl") == first
+    refused = pytest.raises(ConfigError, match="holds records of another configuration")
+    with refused:
+        run(tmp_path, *SMALL, "slo.p95_ttft_s=0.3", "slo.p95_tpot_s=0.05", "plots=false")
+
+
+def test_an_slo_no_rate_keeps_says_the_best_attainment_and_where(tmp_path):
+    code, said = run(tmp_path, *SMALL, "slo.p95_ttft_s=0.001", "capacity.min_rate=0.5", "plots=false")
+    assert code == 1 and "no rate down to capacity.min_rate=0.5 req/s kept the SLO" in said
+    assert "the best attainment was 0.0% at" in said
+
+
+def test_an_slo_kept_at_every_rate_up_to_the_limit_says_so(tmp_path):
+    code, said = run(tmp_path, *SMALL, "slo.p95_ttft_s=100", "capacity.max_rate=5", "plots=false")
+    assert code == 1 and "held up to capacity.max_rate=5 req/s: raise it" in said
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ((), "mode=capacity needs a latency SLO"),
+    (("slo.p95_ttft_s=-1",), "slo.p95_ttft_s must be a positive number"),
+    (("slo.p95_ttft_s=1", "capacity.rate_start=0"), "capacity.rate_start must be a positive number"),
+    (("slo.p95_ttft_s=1", "slo.attainment=1.5"), "slo.attainment"),
+    (("slo.p95_ttft_s=1", "capacity.knee_replicates=1"), "capacity.knee_replicates must be an integer >= 2"),
+    (("slo.p95_ttft_s=1", "workload.num_requests=5"), "too few to tell a share"),
+])
+def test_bad_input_is_refused_by_name_before_any_engine_starts(tmp_path, args, words):
+    with pytest.raises(ConfigError, match=words):
+        run(tmp_path, "backend=fake", *args)
+    assert not (tmp_path / "cap").exists()
+
+
+def test_a_misspelt_slo_key_is_named_with_the_nearest_valid_one():
+    with pytest.raises(ConfigError, match="p95_ttft_s"):
+        compose_or_explain(["mode=capacity", "slo.p95_ttf_s=1"], CONF_DIR)

@@ -1,0 +1,107 @@
+"""What mode=capacity says: the runs, the capacity with its interval, goodput and cost at capacity
+(summary.json), and the picture of attainment and p95 latencies against the rate, the knee marked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from throttle_sweep.capacity.knee import Knee
+from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET, RateSearch
+from throttle_sweep.capacity.slo import Slo
+from throttle_sweep.cost import Price
+
+
+def per_request_tokens(records: Sequence[Mapping[str, Any]]) -> float:
+    done = sum(r["requests_completed"] for r in records)
+    return sum(r["output_tokens"] for r in records) / done if done else 0.0
+
+
+def at_rate(rate: float | None, tokens: float, slo: Slo, price: Price) -> dict[str, float | None]:
+    """Goodput (output tokens/s of requests meeting the SLO) and its cost per million tokens at this rate."""
+    if rate is None or tokens <= 0:
+        return {"goodput_tokens_per_s": None, "usd_per_mtok": None}
+    goodput = rate * slo.attainment * tokens
+    return {"goodput_tokens_per_s": goodput,
+            "usd_per_mtok": price.usd_per_gpu_hour * price.gpus / 3600 / goodput * 1e6}
+
+
+def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str, Any]], slo: Slo,
+            price: Price) -> dict[str, Any]:
+    tokens = per_request_tokens(records)
+    out: dict[str, Any] = {"status": search.status, "slo": vars(slo), "price": price.label(),
+                           "output_tokens_per_request": tokens, "runs": len(search.runs)}
+    if knee is not None:
+        point, low, high = (at_rate(x, tokens, slo, price) for x in (knee.capacity_rps, knee.low, knee.high))
+        out.update(capacity_rps=knee.capacity_rps, capacity_ci=[knee.low, knee.high],
+                   goodput_tokens_per_s=point["goodput_tokens_per_s"],
+                   goodput_ci=[low["goodput_tokens_per_s"], high["goodput_tokens_per_s"]],
+                   usd_per_mtok_at_capacity=point["usd_per_mtok"],
+                   usd_per_mtok_ci=[high["usd_per_mtok"], low["usd_per_mtok"]],  # more capacity, cheaper
+                   rates=[{"rate": lv.rate, "runs": lv.runs, "attainment": lv.attainment, "verdict": lv.verdict}
+                          for lv in knee.levels])
+    best = search.best()
+    if search.status == NEVER_MET and best is not None:
+        out["best"] = {"rate": best.rate, "attainment": best.attainment}
+    return out
+
+
+def sentences(result: Mapping[str, Any], search: RateSearch, slo: Slo) -> list[str]:
+    if search.status == NEVER_MET:
+        best = result.get("best") or {}
+        return [f"no rate down to capacity.min_rate={search.min_rate:g} req/s kept the SLO ({slo.words()}): the "
+                f"best attainment was {best.get('attainment', 0):.1%} at {best.get('rate', 0):g} req/s. Loosen the "
+                "SLO, or change the flags"]
+    if search.status == ALWAYS_MET:
+        return [f"the SLO ({slo.words()}) held up to capacity.max_rate={search.max_rate:g} req/s: raise it"]
+    cap, (low, high) = result.get("capacity_rps"), result.get("capacity_ci", [None, None])
+    if cap is None:
+        return ["the knee runs did not cross the SLO's attainment: no capacity to report (see the rates above)"]
+    span = f"[{low:.3g}, {high:.3g}]" if low is not None and high is not None else (
+        f"[{low or 0:.3g}, unbounded]" if low is not None or high is None else f"[unbounded, {high:.3g}]")
+    lines = [f"capacity: {cap:.3g} req/s, 95% CI {span}, with {slo.words()}"]
+    if result.get("goodput_tokens_per_s"):
+        lo, hi = result["usd_per_mtok_ci"]
+        lines.append(f"goodput at capacity: {result['goodput_tokens_per_s']:.4g} output tokens/s; "
+                     f"${result['usd_per_mtok_at_capacity']:.4g} per million output tokens"
+                     + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else "")
+                     + f" ({result['price']})")
+    return lines
+
+
+def plot(records: Sequence[Mapping[str, Any]], attain: Sequence[float], knee: Knee | None, slo: Slo,
+         path: Path) -> None:
+    """Attainment, and p95 TTFT and TPOT, against the rate (log scale); the target, and the capacity with
+    its interval shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [r["workload"]["rate"] for r in records]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 6), constrained_layout=True)
+    top.scatter(rates, attain, s=18, color="tab:blue", label="a run")
+    top.axhline(slo.attainment, color="grey", linestyle="--", label=f"target {slo.attainment:.0%}")
+    top.set_ylabel("share of requests meeting the SLO")
+    top.set_ylim(-0.02, 1.02)
+    ttft = [r["latency_s"]["ttft"]["p95"] for r in records]
+    tpot = [r["latency_s"]["tpot"]["p95"] for r in records]
+    bottom.scatter(rates, ttft, s=14, color="tab:orange", label="p95 TTFT")
+    bottom.scatter(rates, tpot, s=14, color="tab:green", marker="^", label="p95 TPOT")
+    for limit, color, name in ((slo.p95_ttft_s, "tab:orange", "TTFT"), (slo.p95_tpot_s, "tab:green", "TPOT")):
+        if limit is not None:
+            bottom.axhline(limit, color=color, linestyle=":", label=f"{name} limit")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("seconds")
+    bottom.set_xlabel("arrival rate (requests/s, log scale)")
+    bottom.set_xscale("log")
+    if knee is not None and knee.capacity_rps is not None:
+        for ax in (top, bottom):
+            if knee.low is not None and knee.high is not None:
+                ax.axvspan(knee.low, knee.high, color="tab:red", alpha=0.12)
+            ax.axvline(knee.capacity_rps, color="tab:red", label=f"capacity {knee.capacity_rps:.3g} req/s")
+    top.legend(loc="lower left", fontsize=8)
+    bottom.legend(loc="upper left", fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

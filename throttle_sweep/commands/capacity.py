@@ -1,0 +1,151 @@
+"""mode=capacity: the highest arrival rate at which one configuration keeps its latency SLO, with an interval,
+and its goodput and cost per million tokens there (capacity/)."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from throttle_sweep.capacity.knee import Knee, fit_knee
+from throttle_sweep.capacity.report import plot, sentences, summary
+from throttle_sweep.capacity.search import FOUND, RateSearch
+from throttle_sweep.capacity.slo import attainment
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.measure import BEHIND_S
+from throttle_sweep.provenance import claim_run_folder
+from throttle_sweep.records import RecordLog
+from throttle_sweep.runlock import hold
+from throttle_sweep.settings.capacity import CapacitySettings, capacity_from
+from throttle_sweep.settings.sections import (
+    arm_flags,
+    endpoint_arms,
+    engine_from,
+    plain,
+    preflight,
+    price_from,
+    run_dir,
+    warm_engines_from,
+    workload_from,
+)
+from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
+from throttle_sweep.slot import WarmSlot
+
+STAGE = "capacity"
+MAX_VOID = 3  # runs at one rate that fell behind their schedule, in a row: the client cannot offer that rate
+
+
+def run(cfg: DictConfig, console: Console) -> int:
+    price, engine = price_from(cfg), engine_from(cfg)
+    settings = capacity_from(cfg, workload_from(cfg))
+    spec, slo = settings.spec, settings.slo
+    if cfg.backend == "endpoint":  # a server the user runs: its URL, checked to answer
+        flags = endpoint_arms(cfg)["measure"]
+    else:
+        flags = arm_flags(plain(cfg.engine))
+        preflight(engine, flags, spec, source="engine")
+    warm = warm_engines_from(cfg)
+    say = partial(console.print, highlight=False)
+    out = run_dir(cfg)
+    with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
+        claim_run_folder(out, plain(cfg), "capacity")
+        OmegaConf.save(cfg, out / "config.yaml")
+        log = RecordLog(out / "replicates.jsonl", say=say)
+        search = settings.search
+        replay(search, log.records, settings)
+        say(f"capacity of {flags} on {engine.name}: {slo.words()}; {spec.num_requests} requests a run, "
+            f"Poisson arrivals, the first {settings.settle_share:.0%} of each run's schedule not counted -> {log.path}")
+        if search.runs:
+            say(f"resuming: {len(search.runs)} runs already measured")
+        slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)
+        try:
+            with stop_on_sigterm():
+                code = measure_all(search, slot, flags, log, settings, say)
+        except KeyboardInterrupt:
+            say(f"[bold yellow]interrupted[/]: {len(search.runs)} runs are kept in {log.path}; run the same "
+                "command again to go on")
+            return 130
+        finally:
+            with shielded():
+                slot.close()
+        if code:
+            return code
+    ok = [r for r in log.records if measured(r)]
+    knee = fit_knee([(r.rate, r.met, r.counted) for r in search.knee_runs], slo.attainment) \
+        if search.status == FOUND else None
+    result = summary(search, knee, ok, slo, price.charged(flags))
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    show(knee, say)
+    for line in sentences(result, search, slo):
+        say(line)
+    if cfg.plots and ok:
+        plot(ok, [attainment_share(r, settings) for r in ok], knee, slo, out / "capacity.png")
+        say(f"plot: {out / 'capacity.png'}")
+    say(f"summary: {out / 'summary.json'}")
+    return 0 if result.get("capacity_rps") is not None else 1
+
+
+def measured(record: dict[str, Any]) -> bool:
+    return record.get("stage") == STAGE and record.get("status") == "ok" and not record.get("void")
+
+
+def attainment_share(record: dict[str, Any], settings: CapacitySettings) -> float:
+    met, counted = attainment(record, settings.slo, settings.settle_share) or (0, 1)
+    return met / counted
+
+
+def replay(search: RateSearch, records: list[dict[str, Any]], settings: CapacitySettings) -> None:
+    """Tell the search the runs an earlier run of this command measured, in their order: it asks for the same
+    rates again (it is deterministic), so a resume goes on where it stopped."""
+    for record in filter(measured, records):
+        step = search.next()
+        rate = record["workload"]["rate"]
+        if step is None or abs(rate - step[0]) > 1e-9 * step[0] or record.get("search_stage") != step[1]:
+            raise ConfigError(f"the records in this run's folder follow another search (a run at {rate:g} req/s "
+                              f"where this one asks for {step[0] if step else 'none'}): choose another run=NAME")
+        met, counted = attainment(record, settings.slo, settings.settle_share)
+        search.tell(rate, met, counted, step[1])
+
+
+def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: RecordLog,
+                settings: CapacitySettings, say: Any) -> int:
+    """Run the rates the search asks for, each record written as it comes; 1 when a run fails."""
+    while (step := search.next()) is not None:
+        rate, stage = step
+        for _ in range(MAX_VOID):
+            record = slot.measure(flags, STAGE, len(log.records), {"stage": STAGE, "search_stage": stage},
+                                  rate=rate)
+            behind = (record.get("lateness_s") or {}).get("beyond_steps_p99") or 0.0
+            if record["status"] == "ok" and behind > BEHIND_S:
+                record["void"] = (f"the client fell behind its arrival schedule (p99 {behind * 1e3:.0f} ms beyond "
+                                  "the engine's steps): the run says nothing of the engine")
+            with deferred():
+                log.append(record)
+            if record["status"] != "ok":
+                say(f"[red]the run at {rate:g} req/s failed: {record.get('reason')}[/]; the runs so far are kept")
+                return 1
+            if not record.get("void"):
+                break
+            say(f"[yellow]void:[/] {record['void']}; again at {rate:g} req/s")
+        else:
+            say(f"[red]the client could not keep to {rate:g} requests/s in {MAX_VOID} runs[/]: this machine cannot "
+                "offer that load; measure from a faster client, or lower capacity.max_rate")
+            return 1
+        met, counted = attainment(record, settings.slo, settings.settle_share)
+        search.tell(rate, met, counted, stage)
+        lat = record["latency_s"]
+        say(f"  {stage:7}  {rate:9.4g} req/s  attainment {met / counted:6.1%} ({met}/{counted})  p95 TTFT "
+            f"{lat['ttft']['p95'] * 1e3:8.1f} ms  p95 TPOT {lat['tpot']['p95'] * 1e3:7.2f} ms  "
+            f"{'holds' if search.holds(search.runs[-1]) else 'fails'}")
+    return 0
+
+
+def show(knee: Knee | None, say: Any) -> None:
+    if knee is None:
+        return
+    say("rate (req/s)  runs  mean attainment  verdict (one-sided, alpha/2)")
+    for lv in knee.levels:
+        say(f"{lv.rate:12.4g}  {lv.runs:4d}  {lv.attainment:15.1%}  {lv.verdict}")

@@ -1,0 +1,64 @@
+"""mode=capacity's settings, checked before any engine starts: the SLO, the rate search, the workload as an
+open loop (its arrival rate is what the search sets)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from omegaconf import DictConfig
+
+from throttle_sweep.capacity.search import RateSearch
+from throttle_sweep.capacity.slo import Slo
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.settings.sections import plain
+from throttle_sweep.workload import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    slo: Slo
+    search: RateSearch  # a fresh search, not yet told of any run
+    settle_share: float
+    spec: WorkloadSpec  # an open loop; its rate is the first run's
+
+
+def positive(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{key} must be a positive number of requests/s, but got {value!r}")
+    return float(value)
+
+
+def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
+    slo = Slo(**plain(cfg.slo))
+    slo.check()
+    c = plain(cfg.capacity)
+    start = c["rate_start"]
+    if start is None:
+        start = spec.rate if spec.loop == "open" and spec.rate else 1.0
+    start = positive(start, "capacity.rate_start")
+    low, high = positive(c["min_rate"], "capacity.min_rate"), positive(c["max_rate"], "capacity.max_rate")
+    if not low < start < high:
+        raise ConfigError(f"capacity.rate_start ({start:g}) must lie between capacity.min_rate ({low:g}) and "
+                          f"capacity.max_rate ({high:g})")
+    if not 0 < c["rel_tol"] <= 1:
+        raise ConfigError(f"capacity.rel_tol must be above 0 and at most 1, but got {c['rel_tol']!r}")
+    if not isinstance(c["knee_rates"], int) or c["knee_rates"] < 3:
+        raise ConfigError(f"capacity.knee_rates must be an integer >= 3, but got {c['knee_rates']!r}")
+    if not isinstance(c["knee_replicates"], int) or c["knee_replicates"] < 2:
+        raise ConfigError(f"capacity.knee_replicates must be an integer >= 2 (the runs at a rate say how "
+                          f"noisy it is), but got {c['knee_replicates']!r}")
+    if not c["knee_margin"] >= 0:
+        raise ConfigError(f"capacity.knee_margin must be >= 0, but got {c['knee_margin']!r}")
+    if not 0 <= c["settle_share"] < 0.9:
+        raise ConfigError(f"capacity.settle_share must be at least 0 and below 0.9, but got {c['settle_share']!r}")
+    if spec.num_requests < 20:
+        raise ConfigError(f"workload.num_requests={spec.num_requests} is too few to tell a share of requests "
+                          "meeting the SLO: use at least 20 (a few hundred for a steady queue)")
+    if spec.replicate_s is not None:
+        raise ConfigError("workload.replicate_s sizes closed-loop work; mode=capacity runs an open loop: set "
+                          "workload.num_requests, with workload.replicate_s=null")
+    search = RateSearch(start=start, target=slo.attainment, rel_tol=c["rel_tol"], knee_rates=c["knee_rates"],
+                        knee_replicates=c["knee_replicates"], knee_margin=c["knee_margin"], min_rate=low,
+                        max_rate=high)
+    return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start))
