@@ -80,6 +80,15 @@ def test_the_knee_is_bracketed_by_rates_that_hold_and_fail_beyond_doubt():
     assert (knee.low, knee.high) == (10.0, 12.0) and 11.0 < knee.capacity_rps < 12.0
 
 
+def test_the_estimate_reads_the_mean_attainments_as_a_curve_that_does_not_rise():
+    points = [(6.7, 42, 47), (6.7, 43, 47), (8.4, 47, 47), (8.4, 46, 47), (10.5, 41, 47), (10.5, 38, 47)]
+    knee = fit_knee(points, 0.9)  # 6.7 falls below 8.4: the two pool, and the crossing is between 8.4 and 10.5
+    z = [lv.logit for lv in knee.levels]
+    pooled, goal = (z[0] + z[1]) / 2, math.log(9)
+    w = (pooled - goal) / (pooled - z[2])
+    assert knee.capacity_rps == pytest.approx(math.exp(math.log(8.4) + w * math.log(10.5 / 8.4)))
+
+
 def test_a_flat_attainment_gives_no_bounded_interval():
     rng = np.random.default_rng(4)
     points = [(float(r), int(rng.binomial(100, 0.9)), 100) for r in (10, 11, 12, 13) * 3]

@@ -6,7 +6,8 @@ rate of the run of rates, tested upward from the lowest, that all hold beyond do
 lowest of those, tested downward from the highest, that all fail beyond doubt. Testing in a fixed order, each
 side errs with at most alpha/2 whatever the curve's shape (a line through the knee was not: a queue collapses
 faster above its capacity than attainment falls below it, and one line over the knee runs covered the
-capacity in 11% of simulated searches). The estimate interpolates the rates' mean logits in log rate."""
+capacity in 11% of simulated searches). The estimate interpolates the rates' mean logits in log rate, made
+non-increasing first."""
 
 from __future__ import annotations
 
@@ -59,6 +60,18 @@ def pooled_noise(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
     return (ss / df if df else float("nan")), df
 
 
+def non_increasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The closest non-increasing sequence (weighted least squares, pool-adjacent-violators): noise can
+    make a higher rate's mean attainment exceed a lower one's, and the curve does not rise."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            (m1, w1, c1), (m2, w2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [m for m, _, c in blocks for _ in range(int(c))]
+
+
 def fit_knee(points: Sequence[tuple[float, int, int]], target: float, alpha: float = 0.05) -> Knee:
     """points: (rate, met, counted) per run; target: the SLO's attainment."""
     goal = math.log(target / (1 - target))
@@ -78,9 +91,11 @@ def fit_knee(points: Sequence[tuple[float, int, int]], target: float, alpha: flo
             break
         high = lv.rate
     capacity = None
-    for a, b in zip(levels, levels[1:], strict=False):
-        if a.logit >= goal >= b.logit and a.logit > b.logit:
-            w = (a.logit - goal) / (a.logit - b.logit)
+    curve = non_increasing([lv.logit for lv in levels], [lv.runs for lv in levels])
+    for (a, za), (b, zb) in zip(zip(levels, curve, strict=True), zip(levels[1:], curve[1:], strict=True),
+                                strict=False):
+        if za >= goal >= zb and za > zb:
+            w = (za - goal) / (za - zb)
             capacity = math.exp(math.log(a.rate) + w * (math.log(b.rate) - math.log(a.rate)))
             break
     if capacity is not None:  # the point estimate within its interval

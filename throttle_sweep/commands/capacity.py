@@ -119,7 +119,7 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
             record = slot.measure(flags, STAGE, len(log.records), {"stage": STAGE, "search_stage": stage},
                                   rate=rate)
             behind = (record.get("lateness_s") or {}).get("beyond_steps_p99") or 0.0
-            if record["status"] == "ok" and behind > BEHIND_S:
+            if record["status"] == "ok" and behind > max(BEHIND_S, 0.05 * (settings.slo.p95_ttft_s or 0.0)):
                 record["void"] = (f"the client fell behind its arrival schedule (p99 {behind * 1e3:.0f} ms beyond "
                                   "the engine's steps): the run says nothing of the engine")
             with deferred():
