@@ -144,6 +144,7 @@ class CapacityConf:
     knee_replicates: int = 3  # ... run this many times each, in alternating order
     knee_margin: float = 0.2  # the knee's rates reach this far beyond the bracket, each side
     settle_share: float = 0.2  # the first share of a run's arrival schedule is not counted (the queue fills)
+    run_s: float = 30.0  # a run's arrivals span at least this long: more than workload.num_requests at high rates
     min_rate: float = 0.01
     max_rate: float = 10000.0
 

@@ -70,9 +70,9 @@ class WarmSlot:
             self.hosts.append(self._new_host())
 
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any], *,
-                rate: float | None = None) -> dict[str, Any]:
-        """One replicate; `rate`: an open loop at this arrival rate instead of the workload's (mode=capacity)."""
-        spec = self.spec if rate is None else replace(self.spec, loop="open", rate=rate)
+                workload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One replicate; `workload`: fields of the workload this run changes (mode=capacity: the rate)."""
+        spec = replace(self.spec, **workload) if workload else self.spec
         with self._hosts_lock:
             host = None if self.closed else self._host_for(arm, flags)
         if host is None:  # shutting down (Ctrl-C): no engine process is started for it
@@ -95,7 +95,7 @@ class WarmSlot:
         same = host.key == lifetime_key(arm, flags)
         pin, alone = self._kv_pin(flags, starts=not same) if self.sleeps else (None, False)
         record = self._measure_on(host, flags, arm, dict(header), context, same=same, pin=pin, alone=alone,
-                                  rate=rate)
+                                  workload=workload)
         refused = record["status"] == "failed" and record.get("failed_at") == "start" \
             and not record.get("infrastructure") and not self.closed and host in self.hosts
         if refused and self.sleeps and not alone and (pin is not None or refused_for_memory(record.get("reason"))):
@@ -105,7 +105,7 @@ class WarmSlot:
             self.pins_fit = False
             why = record.get("reason")
             record = self._measure_on(host, flags, arm, dict(header), context, same=False, pin=pin, alone=True,
-                                      rate=rate)
+                                      workload=workload)
             record["kv_pin"]["refused_beside_sleepers"] = why
             refused = record["status"] == "failed" and record.get("failed_at") == "start" \
                 and not record.get("infrastructure") and not self.closed
@@ -117,7 +117,7 @@ class WarmSlot:
 
     def _measure_on(self, host: EngineHost, flags: Mapping[str, Any], arm: str, header: dict[str, Any],
                     context: Mapping[str, Any], *, same: bool, pin: dict[str, Any] | None, alone: bool,
-                    rate: float | None = None) -> dict[str, Any]:
+                    workload: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if self.sleeps:  # the engine starts with sleep mode on; the record keeps the arm's flags
             header["engine_flags"] = self.engine.engine_flags({**flags, **(pin or {}), "enable_sleep_mode": True})
             if pin is not None or alone:
@@ -135,7 +135,8 @@ class WarmSlot:
         # a probe is one run that only counts preemptions (deterministic): it needs no warm engine, and it
         # warms the engine for a comparison that may follow on the same flags
         warmup = self.engine_warmup if context.get("stage") != "probe" else "none"
-        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps, pin=pin, rate=rate)
+        task = Task(flags, header, self.runs, warmup, arm, keep=keep, sleep_mode=self.sleeps, pin=pin,
+                    workload=workload)
         self.runs += 1
         try:
             record = host.measure(task)

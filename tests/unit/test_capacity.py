@@ -5,6 +5,7 @@ before any engine starts."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from rich.console import Console
@@ -42,6 +43,9 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
             assert met / counted >= 0.9
         if record["workload"]["rate"] >= high:
             assert met / counted < 0.9
+    for record in read_records(tmp_path / "cap" / "replicates.jsonl"):  # arrivals over at least run_s (30 s)
+        rate = record["workload"]["rate"]
+        assert record["workload"]["num_requests"] == max(100, math.ceil(rate * 30)) == len(record["requests_s"])
     tokens = summary["output_tokens_per_request"]
     assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
     assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
@@ -78,6 +82,7 @@ def test_an_slo_kept_at_every_rate_up_to_the_limit_says_so(tmp_path):
     (("slo.p95_ttft_s=1", "slo.attainment=1.5"), "slo.attainment"),
     (("slo.p95_ttft_s=1", "capacity.knee_replicates=1"), "capacity.knee_replicates must be an integer >= 2"),
     (("slo.p95_ttft_s=1", "workload.num_requests=5"), "too few to tell a share"),
+    (("slo.p95_ttft_s=1", "workload.num_requests=100", "capacity.run_s=0"), "capacity.run_s must be a positive"),
 ])
 def test_bad_input_is_refused_by_name_before_any_engine_starts(tmp_path, args, words):
     with pytest.raises(ConfigError, match=words):

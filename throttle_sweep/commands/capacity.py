@@ -56,8 +56,9 @@ def run(cfg: DictConfig, console: Console) -> int:
         log = RecordLog(out / "replicates.jsonl", say=say)
         search = settings.search
         replay(search, log.records, settings)
-        say(f"capacity of {flags} on {engine.name}: {slo.words()}; {spec.num_requests} requests a run, "
-            f"Poisson arrivals, the first {settings.settle_share:.0%} of each run's schedule not counted -> {log.path}")
+        say(f"capacity of {flags} on {engine.name}: {slo.words()}; Poisson arrivals over at least "
+            f"{settings.run_s:g} s and {spec.num_requests} requests a run, the first {settings.settle_share:.0%} of "
+            f"each run's schedule not counted -> {log.path}")
         if search.runs:
             say(f"resuming: {len(search.runs)} runs already measured")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)
@@ -117,7 +118,7 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
         rate, stage = step
         for _ in range(MAX_VOID):
             record = slot.measure(flags, STAGE, len(log.records), {"stage": STAGE, "search_stage": stage},
-                                  rate=rate)
+                                  workload=settings.at(rate))
             behind = (record.get("lateness_s") or {}).get("beyond_steps_p99") or 0.0
             if record["status"] == "ok" and behind > max(BEHIND_S, 0.05 * (settings.slo.p95_ttft_s or 0.0)):
                 record["void"] = (f"the client fell behind its arrival schedule (p99 {behind * 1e3:.0f} ms beyond "

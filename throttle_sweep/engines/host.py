@@ -55,7 +55,7 @@ class Task:
     keep: bool = True  # keep the engine up after the replicate (False: a new engine for every replicate)
     sleep_mode: bool = False  # start the engine able to sleep (a GPU slot keeping two engines)
     pin: Mapping[str, Any] | None = None  # flags for a new engine only: the KV capacity these flags had alone
-    rate: float | None = None  # an open loop at this arrival rate instead of the workload's (mode=capacity)
+    workload: Mapping[str, Any] | None = None  # fields of the workload this run changes (mode=capacity: the rate)
 
 
 SLEEP = "sleep"  # the parent asks the process to put its engine to sleep (a GPU engine making room for another)
@@ -271,8 +271,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
              starts: StartCount = PROCESS_STARTS) -> Lifetime | None:
     """Measure `task` on the live engine, or on a new one; return the lifetime that goes on (None: ended)."""
     record, key = task.record, lifetime_key(task.arm, task.flags)
-    if task.rate is not None:
-        spec = replace(spec, loop="open", rate=task.rate)
+    if task.workload:
+        spec = replace(spec, **task.workload)
     if life is not None and life.key != key:
         close_quietly(life, record)
         life = None

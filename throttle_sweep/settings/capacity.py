@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -21,6 +22,12 @@ class CapacitySettings:
     search: RateSearch  # a fresh search, not yet told of any run
     settle_share: float
     spec: WorkloadSpec  # an open loop; its rate is the first run's
+    run_s: float
+
+    def at(self, rate: float) -> dict[str, Any]:
+        """The workload of a run at `rate`: arrivals spanning at least run_s, so that a fast rate still reaches
+        a steady queue (a fixed count would arrive at once and drain, whatever the engine's capacity)."""
+        return {"loop": "open", "rate": rate, "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s))}
 
 
 def positive(value: object, key: str) -> float:
@@ -55,10 +62,12 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
     if spec.num_requests < 20:
         raise ConfigError(f"workload.num_requests={spec.num_requests} is too few to tell a share of requests "
                           "meeting the SLO: use at least 20 (a few hundred for a steady queue)")
+    if not (isinstance(c["run_s"], int | float) and math.isfinite(c["run_s"]) and c["run_s"] > 0):
+        raise ConfigError(f"capacity.run_s must be a positive number of seconds, but got {c['run_s']!r}")
     if spec.replicate_s is not None:
         raise ConfigError("workload.replicate_s sizes closed-loop work; mode=capacity runs an open loop: set "
                           "workload.num_requests, with workload.replicate_s=null")
     search = RateSearch(start=start, target=slo.attainment, rel_tol=c["rel_tol"], knee_rates=c["knee_rates"],
                         knee_replicates=c["knee_replicates"], knee_margin=c["knee_margin"], min_rate=low,
                         max_rate=high)
-    return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start))
+    return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start), float(c["run_s"]))
