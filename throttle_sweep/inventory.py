@@ -13,13 +13,14 @@ from typing import Any
 from throttle_sweep.analysis import split_joint
 from throttle_sweep.compare import fault_of, retry_key
 
-COMPARISON, PROBE, MEASURE, CALIBRATION = "comparison", "probe", "measure", "calibration"
+COMPARISON, PROBE, MEASURE, CALIBRATION, CAPACITY = "comparison", "probe", "measure", "calibration", "capacity"
 
 
 @dataclass
 class Entry:
     name: str  # the comparison id (one candidate's view of a joint one: ID-trial-N); a CSV's: its file's stem
     kind: str  # comparison | probe | measure | calibration (the run that sized the work: workload.replicate_s)
+    #            | capacity (mode=capacity's runs at rates)
     stage: str | None  # search | confirm | probe (a sweep's), compare, measure; None for a CSV of costs
     key: str | None  # the sweep's name for it (trial-3, confirm-trial-0, probe max_num_seqs=8 #1)
     records: list[dict[str, Any]]
@@ -45,7 +46,7 @@ def inventory(records: Sequence[Mapping[str, Any]], *, stem: str) -> list[Entry]
         first = group[0]
         if all(r["arm"] == MEASURE for r in group):
             entries.append(Entry(cid or MEASURE, MEASURE, MEASURE, None, group))
-        elif first.get("stage") in (PROBE, CALIBRATION):
+        elif first.get("stage") in (PROBE, CALIBRATION, CAPACITY):
             entries.append(Entry(cid or first["stage"], first["stage"], first["stage"], first.get("key"), group))
         else:
             stage = first.get("stage") or ("compare" if "schema_version" in first else None)

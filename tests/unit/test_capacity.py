@@ -19,7 +19,8 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.records import read_records
 
 SLO = ("slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05")
-SMALL = ("backend=fake", "workload.num_requests=100", "capacity.knee_rates=4", "capacity.knee_replicates=2")
+SMALL = ("backend=fake", "workload.num_requests=100", "capacity.run_s=5", "capacity.knee_rates=4",
+         "capacity.knee_replicates=2")
 
 
 def run(tmp_path, *args, name="cap"):
@@ -43,9 +44,9 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
             assert met / counted >= 0.9
         if record["workload"]["rate"] >= high:
             assert met / counted < 0.9
-    for record in read_records(tmp_path / "cap" / "replicates.jsonl"):  # arrivals over at least run_s (30 s)
+    for record in read_records(tmp_path / "cap" / "replicates.jsonl"):  # arrivals over at least run_s (5 s)
         rate = record["workload"]["rate"]
-        assert record["workload"]["num_requests"] == max(100, math.ceil(rate * 30)) == len(record["requests_s"])
+        assert record["workload"]["num_requests"] == max(100, math.ceil(rate * 5)) == len(record["requests_s"])
     tokens = summary["output_tokens_per_request"]
     assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
     assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
@@ -93,3 +94,16 @@ def test_bad_input_is_refused_by_name_before_any_engine_starts(tmp_path, args, w
 def test_a_misspelt_slo_key_is_named_with_the_nearest_valid_one():
     with pytest.raises(ConfigError, match="p95_ttft_s"):
         compose_or_explain(["mode=capacity", "slo.p95_ttf_s=1"], CONF_DIR)
+
+
+def test_analyze_lists_capacity_runs_and_takes_none_for_a_comparison(tmp_path):
+    from throttle_sweep.commands import analyze as analyze_cmd
+
+    assert run(tmp_path, *SMALL, *SLO, "plots=false")[0] == 0
+    runs = len(read_records(tmp_path / "cap" / "replicates.jsonl"))
+    console = Console(record=True, width=200)
+    cfg = compose_cfg("mode=analyze", f"input={tmp_path / 'cap' / 'replicates.jsonl'}", "plots=false",
+                      tmp_path=tmp_path)
+    analyze_cmd.run(cfg, console)
+    said = console.export_text()
+    assert f"{runs} runs of mode=capacity" in said and "not a comparison" in said

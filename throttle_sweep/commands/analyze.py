@@ -14,7 +14,7 @@ from rich.console import Console
 from throttle_sweep.analysis import COST_BASES, analyse, analyse_joint, check_positions, load_input
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.inventory import CALIBRATION, COMPARISON, MEASURE, PROBE, Entry, inventory
+from throttle_sweep.inventory import CALIBRATION, CAPACITY, COMPARISON, MEASURE, PROBE, Entry, inventory
 from throttle_sweep.report import lines, write
 from throttle_sweep.settings.sections import thresholds_from
 
@@ -74,6 +74,10 @@ def listing(entries: list[Entry], path: Path) -> list[str]:
                              if r.get("status") == "ok" else str(r.get("status")) for r in e.records)
             out.append(f"  the calibration run that sized the work by time (workload.replicate_s): {runs}; not "
                        "a comparison")
+        elif e.kind == CAPACITY:
+            rates = [r["workload"]["rate"] for r in e.records]
+            out.append(f"  {len(e.records)} runs of mode=capacity at {min(rates):.4g} to {max(rates):.4g} requests/s "
+                       "(its summary.json says the capacity); not a comparison")
         elif e.kind == MEASURE:
             costs = ", ".join(f"${r['usd_per_mtok']:.4g}" if r.get("usd_per_mtok") else str(r.get("status"))
                               for r in e.records)
