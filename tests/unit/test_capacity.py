@@ -50,7 +50,7 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
     tokens = summary["output_tokens_per_request"]
     assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
     assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
-    assert f"capacity: {summary['capacity_rps']:.3g} req/s, 95% CI" in said
+    assert f"capacity: {summary['capacity_rps']:.3g} req/s, 95% CI [{low:.3g}, {high:.3g}]" in said
     assert (tmp_path / "cap" / "capacity.png").stat().st_size > 10_000
 
 

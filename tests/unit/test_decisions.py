@@ -88,15 +88,12 @@ def test_a_saving_inside_the_equivalence_margin_is_not_a_plain_cheaper():
 
 
 @pytest.mark.parametrize("effect, p_value", [(-0.1, 0.0), (0.0, 1.0)])
-def test_a_standard_error_of_exactly_zero_gives_a_p_value_not_nan(monkeypatch, effect, p_value):
+def test_a_standard_error_of_exactly_zero_gives_a_p_value_not_nan(effect, p_value):
     """A perfect fit (identical replicates, as a deterministic engine can give) has SE 0; NaN would sort
     nowhere in any multiplicity procedure and block every candidate."""
-    import throttle_sweep.stats as stats
-
-    monkeypatch.setattr(stats, "fit", lambda obs: (np.array([0.0, effect, 0.0]), np.zeros((3, 3)), 3))
     order = make_schedule("aba-bab", 3)
-    est = estimate([Observation(a, i, 1.0) for i, a in enumerate(order)])
-    assert est.p_value == p_value
+    est = estimate([Observation(a, i, math.exp(effect) if a == "candidate" else 1.0) for i, a in enumerate(order)])
+    assert est.se_log == 0.0 and est.p_value == p_value
 
 
 def test_more_replicates_to_decide_are_sized_for_an_80pct_chance():

@@ -58,9 +58,16 @@ def sentences(result: Mapping[str, Any], search: RateSearch, slo: Slo) -> list[s
     cap, (low, high) = result.get("capacity_rps"), result.get("capacity_ci", [None, None])
     if cap is None:
         return ["the knee runs did not cross the SLO's attainment: no capacity to report (see the rates above)"]
-    span = f"[{low:.3g}, {high:.3g}]" if low is not None and high is not None else (
-        f"[{low or 0:.3g}, unbounded]" if low is not None or high is None else f"[unbounded, {high:.3g}]")
-    lines = [f"capacity: {cap:.3g} req/s, 95% CI {span}, with {slo.words()}"]
+    if low is not None and high is not None:
+        span = f"95% CI [{low:.3g}, {high:.3g}]"
+    elif low is not None:
+        span = f"above {low:.3g} with 95% confidence (no knee rate failed beyond doubt)"
+    elif high is not None:
+        span = f"below {high:.3g} with 95% confidence (no knee rate held beyond doubt)"
+    else:
+        span = ("no 95% interval: no knee rate held or failed beyond doubt (more runs a rate, "
+                "capacity.knee_replicates, tell them apart)")
+    lines = [f"capacity: {cap:.3g} req/s, {span}; with {slo.words()}"]
     if result.get("goodput_tokens_per_s"):
         lo, hi = result["usd_per_mtok_ci"]
         lines.append(f"goodput at capacity: {result['goodput_tokens_per_s']:.4g} output tokens/s; "
