@@ -140,8 +140,8 @@ class CapacityConf:
 
     rate_start: float | None = None  # requests/s of the first run; null: workload.rate if an open loop, else 1
     rel_tol: float = 0.1  # bisection stops once the highest rate that holds and the lowest that fails are this close
-    knee_rates: int = 7  # then this many rates around the knee ...
-    knee_replicates: int = 3  # ... run this many times each, in alternating order
+    knee_rates: int = 5  # then this many rates around the knee ...
+    knee_replicates: int = 4  # ... run this many times each, in alternating order (even: drift lands alike)
     knee_margin: float = 0.2  # the knee's rates reach this far beyond the bracket, each side
     settle_share: float = 0.2  # the first share of a run's arrival schedule is not counted (the queue fills)
     run_s: float = 30.0  # a run's arrivals span at least this long: more than workload.num_requests at high rates

@@ -27,10 +27,10 @@ def capacity(tmp_path, seqs: int) -> dict:
 
 
 def test_eight_in_flight_serve_a_higher_rate_within_the_slo_than_one(tmp_path):
-    """One sequence at a time serves 16-token requests one after another; eight share each step. The rate
-    eight keep the SLO at lies above the upper bound of one's capacity (measured beside other work on 2
-    cores: one's upper bound 8.7 req/s, eight's capacity 29 req/s)."""
+    """One sequence at a time serves 16-token requests one after another; eight share each step. The lowest
+    rate one's single runs broke the SLO at lies below the highest eight's kept it at (measured beside other
+    work on 2 cores: one broke it at 8.7 req/s, eight kept it up to 29)."""
     one, eight = capacity(tmp_path, 1), capacity(tmp_path, 8)
-    assert one["capacity_ci"][1] is not None and eight["capacity_rps"] is not None, (one, eight)
-    assert one["capacity_ci"][1] < eight["capacity_rps"], (one["capacity_ci"], eight["capacity_rps"])
-    assert eight["goodput_tokens_per_s"] == pytest.approx(eight["capacity_rps"] * 0.9 * 16)
+    assert one["status"] == eight["status"] == "found", (one, eight)
+    assert one["bracket"][1] < eight["bracket"][0], (one["bracket"], eight["bracket"])
+    assert eight["capacity_rps"] is None or eight["capacity_rps"] > one["bracket"][1]

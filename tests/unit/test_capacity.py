@@ -20,7 +20,7 @@ from throttle_sweep.records import read_records
 
 SLO = ("slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05")
 SMALL = ("backend=fake", "workload.num_requests=100", "capacity.run_s=5", "capacity.knee_rates=4",
-         "capacity.knee_replicates=2")
+         "capacity.knee_replicates=4")
 
 
 def run(tmp_path, *args, name="cap"):
@@ -34,10 +34,11 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
     assert code == 0, said
     summary = json.loads((tmp_path / "cap" / "summary.json").read_text())
     low, high = summary["capacity_ci"]
+    assert summary["bracket"][0] < summary["bracket"][1] <= summary["bracket"][0] * 1.1  # capacity.rel_tol
     assert low <= summary["capacity_rps"] <= high and high / low < 1.6
     slo = Slo(0.2, 0.05, 0.9)
     knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"]
-    assert len(knee) == 4 * 2
+    assert len(knee) == 4 * 4
     for record in knee:  # every run at or below the lower bound kept the SLO; at or above the upper, broke it
         met, counted = attainment(record, slo, 0.2)
         if record["workload"]["rate"] <= low:

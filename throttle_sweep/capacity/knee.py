@@ -1,13 +1,13 @@
 """The capacity and its interval, from replicated runs at a few rates around the knee, assuming only that
 attainment does not rise with the rate. A run is one observation (requests within a run share its queue, so
 the run, not the request, carries the noise): its attainment's empirical logit. At each rate, a one-sided t
-test says whether attainment is above the target (the SLO holds) or below it. The lower bound is the highest
-rate of the run of rates, tested upward from the lowest, that all hold beyond doubt; the upper bound the
-lowest of those, tested downward from the highest, that all fail beyond doubt. Testing in a fixed order, each
-side errs with at most alpha/2 whatever the curve's shape (a line through the knee was not: a queue collapses
-faster above its capacity than attainment falls below it, and one line over the knee runs covered the
-capacity in 11% of simulated searches). The estimate interpolates the rates' mean logits in log rate, made
-non-increasing first."""
+test on that rate's own runs says whether attainment is above the target (the SLO holds) or below it. The
+lower bound is the highest rate of the run of rates, tested upward from the lowest, that all hold beyond
+doubt; the upper bound the lowest of those, tested downward from the highest, that all fail beyond doubt.
+Testing in a fixed order, each side errs with at most alpha/2 whatever the curve's shape (a line through the
+knee was not: a queue collapses faster above its capacity than attainment falls below it, and one line over
+the knee runs covered the capacity in 11% of simulated searches). The estimate interpolates the rates' mean
+logits in log rate, made non-increasing first."""
 
 from __future__ import annotations
 
@@ -41,23 +41,25 @@ def empirical_logit(met: int, counted: int) -> float:
     return math.log((met + 0.5) / (counted - met + 0.5))
 
 
-def level(rate: float, logits: Sequence[float], shares: Sequence[float], goal: float, alpha: float,
-          pooled: tuple[float, int]) -> RateLevel:
+def binomial_variance(met: int, counted: int) -> float:
+    """The variance of a run's empirical logit from its requests alone, were they independent."""
+    return 1 / (met + 0.5) + 1 / (counted - met + 0.5)
+
+
+def level(rate: float, runs: Sequence[tuple[int, int]], goal: float, alpha: float) -> RateLevel:
+    """One rate's verdict from its own runs: their logits' variance, at least the binomial's (runs where every
+    request, or none, met the SLO show no spread, yet say little more than their request count allows), on
+    the rate's own df. Noise pooled over the rates let saturated rates lend a noisy knee rate their
+    certainty: it was called holds or fails in 22-29% of runs each, where alpha/2 was claimed."""
+    logits = [empirical_logit(m, n) for m, n in runs]
     mean = float(np.mean(logits))
-    s2, df = pooled
-    if df < 1:
+    if len(runs) < 2:
         verdict = "unclear"
     else:
-        half = t_quantile(1 - alpha / 2, df) * math.sqrt(s2 / len(logits))
+        var = max(float(np.var(logits, ddof=1)), float(np.mean([binomial_variance(m, n) for m, n in runs])))
+        half = t_quantile(1 - alpha / 2, len(runs) - 1) * math.sqrt(var / len(runs))
         verdict = "holds" if mean - half > goal else "fails" if mean + half < goal else "unclear"
-    return RateLevel(rate, len(logits), float(np.mean(shares)), mean, verdict)
-
-
-def pooled_noise(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
-    """The runs' variance about their rate's mean, pooled over the rates, and its df."""
-    df = sum(len(g) - 1 for g in groups)
-    ss = sum(float(((np.asarray(g) - np.mean(g)) ** 2).sum()) for g in groups)
-    return (ss / df if df else float("nan")), df
+    return RateLevel(rate, len(runs), float(np.mean([m / n for m, n in runs])), mean, verdict)
 
 
 def non_increasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
@@ -76,10 +78,7 @@ def fit_knee(points: Sequence[tuple[float, int, int]], target: float, alpha: flo
     """points: (rate, met, counted) per run; target: the SLO's attainment."""
     goal = math.log(target / (1 - target))
     rates = sorted({p[0] for p in points})
-    logits = {r: [empirical_logit(m, n) for x, m, n in points if x == r] for r in rates}
-    noise = pooled_noise(list(logits.values()))
-    levels = tuple(level(r, logits[r], [m / n for x, m, n in points if x == r], goal, alpha, noise)
-                   for r in rates)
+    levels = tuple(level(r, [(m, n) for x, m, n in points if x == r], goal, alpha) for r in rates)
     low = None
     for lv in levels:  # upward: every rate so far holds
         if lv.verdict != "holds":

@@ -31,7 +31,9 @@ def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str
             price: Price) -> dict[str, Any]:
     tokens = per_request_tokens(records)
     out: dict[str, Any] = {"status": search.status, "slo": vars(slo), "price": price.label(),
-                           "output_tokens_per_request": tokens, "runs": len(search.runs)}
+                           "output_tokens_per_request": tokens, "runs": len(search.runs),
+                           # single runs: the highest rate that kept the SLO, below the lowest that broke it
+                           "bracket": [search.low, search.high]}
     if knee is not None:
         point, low, high = (at_rate(x, tokens, slo, price) for x in (knee.capacity_rps, knee.low, knee.high))
         out.update(capacity_rps=knee.capacity_rps, capacity_ci=[knee.low, knee.high],

@@ -1,8 +1,9 @@
-"""Which arrival rate to run next, from what the runs so far said: a bracket (doubling or halving from the
-start until one rate keeps the SLO and one does not), bisection in log rate with single runs until the two
-are within `rel_tol`, then replicated runs at `knee_rates` rates spanning the bracket and `knee_margin` beyond
-it on either side, in alternating order (ascending, then descending: drift lands on every rate alike). Only these
-knee runs enter the fit (knee.py). Deterministic: replaying the recorded runs in order resumes it."""
+"""Which arrival rate to run next, from what the runs so far said: a bracket (doubling or halving from the start
+until one rate keeps the SLO and one does not), bisection in log rate with single runs until the two are
+within `rel_tol`, then replicated runs at `knee_rates` rates spanning the bracket and `knee_margin` beyond it
+on either side, in alternating order (ascending, then descending: with an even number of replicates, linear
+drift lands on every rate alike). Only these knee runs enter the fit (knee.py). Deterministic: replaying the
+recorded runs in order resumes it."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class RateSearch:
     start: float
     target: float  # the SLO's attainment
     rel_tol: float = 0.1
-    knee_rates: int = 7
-    knee_replicates: int = 3
+    knee_rates: int = 5
+    knee_replicates: int = 4
     knee_margin: float = 0.2  # the knee's rates reach this far beyond the bracket, each side
     min_rate: float = 1e-3
     max_rate: float = 1e4
