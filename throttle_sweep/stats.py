@@ -122,8 +122,8 @@ class JointFit:
     unscaled: np.ndarray  # (X'X)^-1: the coefficients' covariance per unit of residual variance
     resid: np.ndarray  # the runs' residuals, in the order of the observations
     leverage: np.ndarray  # the hat matrix's diagonal: how much each run pulls the fit toward itself
-    run_arms: tuple[str, ...] = ()  # each run's arm, in the order of the observations
-    weights: np.ndarray | None = None  # (X'X)^-1 X': each coefficient as a weighted sum of the runs
+    run_arms: tuple[str, ...]  # each run's arm, in the order of the observations
+    weights: np.ndarray  # (X'X)^-1 X': each coefficient as a weighted sum of the runs
 
     @property
     def sigma2(self) -> float:
@@ -144,7 +144,7 @@ class JointFit:
         variance's; with several, each run weighted by its own arm's variance, on the Satterthwaite df."""
         if self.df <= 0:
             return float("nan"), self.df
-        if len(self.arms) < 2 or self.weights is None:
+        if len(self.arms) < 2:
             return math.sqrt(max(float(w @ self.cov @ w), 0.0)), self.df
         a2 = (w @ self.weights) ** 2
         parts = [(v * float(a2[np.array([r == arm for r in self.run_arms])].sum()), df)
@@ -155,9 +155,10 @@ class JointFit:
 
     def effect(self, arm: str) -> tuple[float, float, float]:
         """The arm's log ratio to the baseline, its standard error and df."""
+        i = 1 + self.arms.index(arm)
         w = np.zeros(len(self.coef))
-        w[1 + self.arms.index(arm)] = 1
-        return (float(self.coef[1 + self.arms.index(arm)]), *self.spread(w))
+        w[i] = 1
+        return (float(self.coef[i]), *self.spread(w))
 
     def contrast(self, a: str, b: str) -> tuple[float, float, float]:
         """log(a / b), its standard error and df (their shared baseline cancels)."""
@@ -178,9 +179,10 @@ def fit_joint(observations: Sequence[Observation]) -> JointFit:
     resid = y - x @ coef
     sigma2 = float(resid @ resid) / df if df > 0 else float("nan")
     unscaled = np.linalg.inv(x.T @ x)
-    leverage = np.einsum("ij,jk,ik->i", x, unscaled, x)
+    weights = unscaled @ x.T
+    leverage = np.einsum("ij,ji->i", x, weights)  # diag(X (X'X)^-1 X')
     return JointFit(arms, coef, sigma2 * unscaled, df, unscaled, resid, leverage,
-                    tuple(o.arm for o in observations), unscaled @ x.T)
+                    tuple(o.arm for o in observations), weights)
 
 
 LACK_OF_FIT_P = 0.05

@@ -21,13 +21,11 @@ from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.settings.capacity import CapacitySettings, capacity_from
 from throttle_sweep.settings.sections import (
-    arm_flags,
-    endpoint_arms,
     engine_from,
     plain,
-    preflight,
     price_from,
     run_dir,
+    single_arm,
     warm_engines_from,
     workload_from,
 )
@@ -42,11 +40,7 @@ def run(cfg: DictConfig, console: Console) -> int:
     price, engine = price_from(cfg), engine_from(cfg)
     settings = capacity_from(cfg, workload_from(cfg))
     spec, slo = settings.spec, settings.slo
-    if cfg.backend == "endpoint":  # a server the user runs: its URL, checked to answer
-        flags = endpoint_arms(cfg)["measure"]
-    else:
-        flags = arm_flags(plain(cfg.engine))
-        preflight(engine, flags, spec, source="engine")
+    flags = single_arm(cfg, engine, spec)
     warm = warm_engines_from(cfg)
     say = partial(console.print, highlight=False)
     out = run_dir(cfg)

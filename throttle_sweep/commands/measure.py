@@ -13,24 +13,18 @@ from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.settings.notes import concurrency_note, kv_size_note
 from throttle_sweep.settings.sections import (
-    arm_flags,
-    endpoint_arms,
     engine_from,
     plain,
-    preflight,
     price_from,
     run_dir,
+    single_arm,
     workload_from,
 )
 
 
 def run(cfg: DictConfig, console: Console) -> int:
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)
-    if cfg.backend == "endpoint":  # a server the user runs: its URL, checked to answer
-        flags = endpoint_arms(cfg)["measure"]
-    else:
-        flags = arm_flags(plain(cfg.engine))
-        preflight(engine, flags, spec, source="engine")
+    flags = single_arm(cfg, engine, spec)
     timed = None if spec.replicate_s is None else (
         f"workload.replicate_s sizes the work of a comparison or a sweep; one measurement runs "
         f"workload.num_requests ({spec.num_requests})")

@@ -126,6 +126,16 @@ def slots_from(cfg: DictConfig) -> tuple[int, str]:
     return local_slots(cfg.slots, backend=cfg.backend, cpu_engine=cfg.backend in ("vllm", "server") and cpu_build())
 
 
+def single_arm(cfg: DictConfig, engine: Engine, spec: WorkloadSpec) -> dict[str, Any]:
+    """The flags of a mode that measures one configuration (measure, capacity): a server the user runs (its
+    URL, checked to answer), or `engine`'s flags, checked against the engine before it starts."""
+    if cfg.backend == "endpoint":
+        return endpoint_arms(cfg)["measure"]
+    flags = arm_flags(plain(cfg.engine))
+    preflight(engine, flags, spec, source="engine")
+    return flags
+
+
 def arm_flags(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Engine flags for one arm: `base` with non-null `overrides` on top; nulls mean vLLM's default."""
     flags = {k: v for k, v in dict(base).items() if v is not None}
