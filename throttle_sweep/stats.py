@@ -5,10 +5,13 @@ term absorbs linear machine drift over the run, so an interleaved order estimate
 of it; exp(d) is the candidate/baseline cost ratio. The interval is t-based with n - 3 degrees of freedom
 (honest for the handful of replicates a GPU budget allows). Verdicts compare the whole interval with the
 decision thresholds:
-  CHEAPER        upper bound < 1 - min_effect          (a one-sided claim at alpha/2)
-  PRICIER        lower bound > 1 + min_effect
+  CHEAPER        upper bound < 1 - max(min_effect, margin)   (a one-sided claim at alpha/2)
+  PRICIER        lower bound > 1 + max(min_effect, margin)
   NO DIFFERENCE  interval inside [1 - margin, 1 + margin]
   INCONCLUSIVE   anything else, with how many more replicates per arm would likely decide
+Each verdict is a fixed region the whole interval must lie in, so a decided verdict stays as more runs
+narrow the interval: a saving claimed is one worth a change, and one pinned inside the margin is never
+CHEAPER when measured loosely and NO DIFFERENCE when measured well.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ class Thresholds:
     alpha: float = 0.05
     min_effect: float = 0.0
     equivalence_margin: float = 0.02
+
+    @property
+    def claim(self) -> float:
+        """How far beyond 1 the whole interval must lie for CHEAPER or PRICIER: past the margin as well."""
+        return max(self.min_effect, self.equivalence_margin)
 
     def check(self, source: str = "compare") -> None:
         if not 0 < self.alpha < 1:
@@ -253,12 +261,13 @@ def clearly_lower(a: Estimate, b: Estimate, alpha: float = 0.05) -> bool:
 
 def decide(lo: float, hi: float, t: Thresholds) -> str:
     """An interval wholly inside the equivalence margin is NO DIFFERENCE even when it excludes 1: a saving
-    the data pin below the margin is not worth a change, and calling it CHEAPER would say it is."""
+    the data pin below the margin is not worth a change, and calling it CHEAPER would say it is. For the
+    same reason CHEAPER needs the whole interval beyond the margin too (`Thresholds.claim`)."""
     if t.equivalence_margin > 0 and 1 - t.equivalence_margin <= lo and hi <= 1 + t.equivalence_margin:
         return NO_DIFFERENCE
-    if hi < 1 - t.min_effect:
+    if hi < 1 - t.claim:
         return CHEAPER
-    if lo > 1 + t.min_effect:
+    if lo > 1 + t.claim:
         return PRICIER
     return INCONCLUSIVE
 
@@ -268,7 +277,7 @@ def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thres
     """More replicates per arm after which the interval clears a decision threshold with probability
     `power`, if the estimate and noise are what was measured (SE shrinks as 1/sqrt(n)): the half-width plus
     the `power` quantile of the estimate's own scatter must fit in the room left. None: not within `limit`."""
-    room = [math.log(1 - t.min_effect) - est_log, est_log - math.log(1 + t.min_effect)]
+    room = [math.log(1 - t.claim) - est_log, est_log - math.log(1 + t.claim)]
     if t.equivalence_margin > 0:
         room.append(min(math.log(1 + t.equivalence_margin) - est_log, est_log - math.log(1 - t.equivalence_margin)))
     best = max(room)
@@ -420,6 +429,11 @@ def judged(effect: float, se: float, df: int, drift: float, observations: Sequen
         warnings.append(f"{'cheaper' if hi < 1 else 'pricier'} by {100 * small:.1f}% to {100 * large:.1f}%, inside "
                         f"the ±{100 * thresholds.equivalence_margin:g}% equivalence margin: no difference worth a "
                         "change (compare.equivalence_margin sets the margin)")
+    elif verdict == INCONCLUSIVE and (hi < 1 or lo > 1):
+        small, large = (1 - hi, 1 - lo) if hi < 1 else (lo - 1, hi - 1)
+        warnings.append(f"{'cheaper' if hi < 1 else 'pricier'} by {100 * small:.1f}% to {100 * large:.1f}%: beyond "
+                        f"the noise, but it may lie inside the ±{100 * thresholds.claim:g}% margin a claim must clear, "
+                        "where no difference is worth a change (compare.equivalence_margin and min_effect set it)")
     more = replicates_to_decide(effect, se, min(n_b, n_c), thresholds) if verdict == INCONCLUSIVE else None
     return Estimate(ratio=math.exp(effect), ci_low=lo, ci_high=hi, p_value=p, se_log=se, df=df,
                     drift_per_position=math.exp(drift) - 1, confounding=conf, n_baseline=n_b,

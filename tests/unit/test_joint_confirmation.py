@@ -143,8 +143,8 @@ def confirmed(records, trial, adjusted):
 
 @pytest.mark.calibration
 def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directly():
-    """Bonferroni for 2, one fit over the joint schedule: a true 5% saving at 1% noise is CHEAPER in >= 95% of
-    runs. The winner rule contrasts
+    """Bonferroni for 2, one fit over the joint schedule: a true 7% saving at 1% noise (5% beyond the 2%
+    margin that CHEAPER must clear) is CHEAPER in >= 95% of runs (a 5% saving: 0.78). The winner rule contrasts
     two candidates confirmed together directly (their runs share the baseline's, whose noise a contrast of
     the two ratios would count twice): equal candidates are told apart either way in <= alpha/2 of runs
     each (plus 3 MC standard errors), and a true 4% gap at 2% noise is told apart clearly more often than
@@ -154,7 +154,7 @@ def test_joint_confirmation_keeps_the_power_and_contrasts_its_candidates_directl
     adjusted = Thresholds(alpha=0.05 / 2)
     found = first = second = direct = of_ratios = 0
     for i in range(N_SIM):
-        saving = simulate_joint(joint_schedule(2, 4, lead=i), [0.95, 1.0], rng=rng, noise_sd=0.01)
+        saving = simulate_joint(joint_schedule(2, 4, lead=i), [0.93, 1.0], rng=rng, noise_sd=0.01)
         found += analyse_joint(saving, adjusted)[0].verdict == CHEAPER  # one fit over the 12 runs
         equal = simulate_joint(joint_schedule(2, 4, lead=i), [0.8, 0.8], rng=rng, noise_sd=rng.uniform(0.01, 0.03))
         a, b = confirmed(equal, 0, adjusted), confirmed(equal, 1, adjusted)

@@ -145,12 +145,13 @@ def test_calibration_of_the_default_schedule_under_the_reviews_perturbations(kin
 @pytest.mark.calibration
 def test_the_old_default_fails_under_an_alternating_rhythm():
     """aba-bab ties the arm to odd and even positions: a machine that alternates +-1.1% (as the real engine
-    seemed to) reads as a saving. This is why abba is the default."""
+    seemed to) reads as a saving. This is why abba is the default. (A difference, not a CHEAPER: 1.1% lies
+    inside the 2% margin a CHEAPER must clear.)"""
     rng = np.random.default_rng(8)
     order = make_schedule("aba-bab", 3)
-    cheaper = sum(estimate(perturbed(order, 1.0, "alternation 1.1%", noise_sd=0.01, rng=rng, warmup=False)).verdict
-                  == CHEAPER for _ in range(N_SIM)) / N_SIM
-    assert cheaper > 0.2
+    below_one = sum(estimate(perturbed(order, 1.0, "alternation 1.1%", noise_sd=0.01, rng=rng, warmup=False)).ci_high
+                    < 1 for _ in range(N_SIM)) / N_SIM
+    assert below_one > 0.2
 
 
 N_SIM = 2000
@@ -178,11 +179,12 @@ def test_calibration_aa_with_27pct_drift_rarely_says_either_way(kind, n):
 
 
 @pytest.mark.calibration
-def test_power_true_5pct_saving_detected_in_95pct_of_default_runs():
+def test_power_true_5pct_saving_detected_in_90pct_of_default_runs():
+    """CHEAPER needs the whole interval beyond the 2% margin, so a 5% saving has 3% of room: 0.9145 here."""
     order = make_schedule("abba", 4)
     rate = verdict_rate(order, 0.95, CHEAPER, drift_total=0.27, noise=0.01, seed=2)
     print(f"\npower, 5% saving, 1% noise, abba x4: {rate:.4f}")
-    assert rate >= 0.95
+    assert rate >= 0.90
 
 
 def test_tool_warns_when_the_order_confounds_arm_with_time():

@@ -60,11 +60,12 @@ def cheaper_than(a: Confirmation, b: Confirmation, alpha: float) -> bool:
 def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
                   ) -> tuple[Confirmation | None, list[Confirmation]]:
     """The winner rule, and the candidates it could not tell the winner from. Eligible: confirmed savings
-    (the adjusted interval below 1) that kept every constraint in confirmation too. The one with the lowest
-    estimate wins; those a direct contrast cannot show it cheaper than are named as tied with it. Not the
-    lowest upper bound: the estimated error varies about +-32% run to run at 5 df, so that rule lets noise
-    decide among near-ties and systematically prefers quieter, pricier points (tests/unit/test_decisions.py:
-    a 2% pricier point with half the noise was exported in 63% of runs that way, in 20% this way)."""
+    (the adjusted interval below 1 - margin, a CHEAPER) that kept every constraint in confirmation too. The
+    one with the lowest estimate wins; those a direct contrast cannot show it cheaper than are named as tied
+    with it. Not the lowest upper bound: the estimated error varies about +-32% run to run at 5 df, so that
+    rule lets noise decide among near-ties and systematically prefers quieter, pricier points
+    (tests/unit/test_decisions.py: a 2% pricier point with half the noise was exported in 63% of runs that
+    way, in 20% this way)."""
     eligible = [c for c in confirmations if c.significant and not c.broken]
     if not eligible:
         return None, []
@@ -76,6 +77,6 @@ def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
     return lowest, [c for c in eligible if c is not lowest and not cheaper_than(lowest, c, alpha)]
 
 
-WINNER_RULE = ("winner rule: among confirmed savings (adjusted interval wholly below 1) that kept every constraint "
-               "in confirmation too, the lowest estimate; those a direct contrast cannot show it cheaper than are "
-               "named as tied with it")
+WINNER_RULE = ("winner rule: among confirmed savings (adjusted interval wholly below 1 - margin) that kept every "
+               "constraint in confirmation too, the lowest estimate; those a direct contrast cannot show it cheaper "
+               "than are named as tied with it")
