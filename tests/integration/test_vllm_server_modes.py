@@ -1,4 +1,4 @@
-"""backend=server in every mode: compare and a sweep on warm servers, an endpoint compare between servers
+"""backend=server in every mode: compare on warm servers, an endpoint compare between servers
 someone runs, and a sweep on a Ray slot, each through vLLM's API server with the tiny model. (Beside
 test_vllm_server.py so that the two halves run on two test workers.)"""
 
@@ -22,9 +22,9 @@ from throttle_sweep.stats import CHEAPER
 pytestmark = pytest.mark.integration
 
 
-def test_compare_and_a_small_sweep_on_warm_servers(tmp_path):
+def test_a_compare_on_warm_servers(tmp_path):
     """compare: eight in flight against one, each arm on its own warm server (one per arm, kept across the
-    arm's replicates); then a two-point sweep the same way, which confirms and exports a winner."""
+    arm's replicates), and none left running after. (A sweep on warm servers: the Ray slot's test below.)"""
     cfg = compose_cfg(*SMALL, "mode=compare", "run=c", "compare.restart=never", "compare.replicates=4",
                       "baseline.max_num_seqs=1", "candidate.max_num_seqs=8", tmp_path=tmp_path)
     assert compare_cmd.run(cfg, Console(quiet=True)) == 0
@@ -35,16 +35,6 @@ def test_compare_and_a_small_sweep_on_warm_servers(tmp_path):
                  for arm in ("baseline", "candidate")}
     assert all(len(ids) == 1 for ids in lifetimes.values()) and len(set.union(*lifetimes.values())) == 2
     assert len({r["server_log"] for r in records}) == 2
-
-    cfg = compose_cfg(*SMALL, "+space=batching", "study.name=s", "study.n_trials=2", "study.sampler=grid",
-                      "space.max_num_seqs.low=4", "space.max_num_seqs.high=8", "space.max_num_seqs.log=false",
-                      "+space.max_num_seqs.step=4", "~space.max_num_batched_tokens", "study.boundary=none",
-                      "compare.restart=never", "compare.replicates=2", "study.confirm_top=1",
-                      "study.confirm_replicates=4", "plots=false", tmp_path=tmp_path)
-    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
-    assert {t.params["max_num_seqs"] for t in study.trials} == {4, 8}
-    assert study.user_attrs["winner"]["ci"][1] < 1 and (tmp_path / "s" / "best" / "vllm_config.yaml").exists()
     assert not servers_running()
 
 
@@ -71,14 +61,17 @@ def test_an_endpoint_compare_between_two_servers_someone_runs(tmp_path):
 
 
 def test_a_sweep_on_a_ray_slot_serves_through_the_api_server(tmp_path):
-    """The same switch on Ray: the slot's actor starts the engine process, which starts the server."""
+    """The same switch on Ray: the slot's actor starts the engine process, which starts the server; the
+    slot keeps each arm's server warm across its replicates, and the sweep confirms and exports a winner."""
     cfg = compose_cfg(*SMALL, "+space=batching", "study.name=rs", "study.n_trials=1", "study.sampler=grid",
                       "space.max_num_seqs.low=8", "space.max_num_seqs.high=8", "space.max_num_seqs.log=false",
                       "~space.max_num_batched_tokens", "study.boundary=none", "compare.restart=never",
-                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=2",
+                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=4",
                       "ray.enabled=true", "ray.cpu_slots=1", "plots=false", tmp_path=tmp_path)
     assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
     records = read_records(tmp_path / "rs" / "replicates.jsonl")
     assert records and all(r["status"] == "ok" and r["environment"]["engine"] == "vllm-server" for r in records)
     assert {r["slot"] for r in records} == {"ray-0"} and len({r["server_log"] for r in records}) == 2
+    study = optuna.load_study(study_name="rs", storage=f"sqlite:///{tmp_path / 'rs' / 'study.db'}")
+    assert study.user_attrs["winner"]["ci"][1] < 1 and (tmp_path / "rs" / "best" / "vllm_config.yaml").exists()
     assert not servers_running()

@@ -1,4 +1,5 @@
-"""A small real sweep on the vLLM CPU engine, and its export read back by vLLM's own argument parser."""
+"""A real sweep on the vLLM CPU engine: the boundary it probes is bare vLLM's, and its export is read back by
+vLLM's own argument parser."""
 
 from __future__ import annotations
 
@@ -10,29 +11,6 @@ from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 
 pytestmark = pytest.mark.integration
-
-
-def test_small_real_sweep_confirms_and_exports_a_config_vllm_parses(tmp_path):
-    cfg = compose_cfg("+space=batching", "study.name=real", "study.n_trials=3", "study.sampler=grid",
-                      "space.max_num_seqs.low=2", "space.max_num_seqs.high=8", "~space.max_num_batched_tokens",
-                      "compare.replicates=2", "study.confirm_top=1", "study.confirm_replicates=4",
-                      "workload.num_requests=16", "workload.output_len=32", "workload.prompt_len=32",
-                      "workload.concurrency=16", "workload.warmup_requests=2", tmp_path=tmp_path)
-    assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
-    study = optuna.load_study(study_name="real", storage=f"sqlite:///{tmp_path / 'real' / 'study.db'}")
-    assert {t.params["max_num_seqs"] for t in study.trials} == {2, 4, 8}
-    assert all(t.user_attrs["preemptions"] == 0 for t in study.trials)
-    winner = study.user_attrs["winner"]
-    assert winner["ci"][1] < 1  # confirmed cheaper than max_num_seqs=1, Bonferroni-adjusted
-
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser())
-    args = parser.parse_args(["--config", str(tmp_path / "real" / "best" / "vllm_config.yaml")])
-    assert args.max_num_seqs == winner["params"]["max_num_seqs"]
-    assert args.kv_cache_memory_bytes == cfg.engine.kv_cache_memory_bytes and args.load_format == "dummy"
-    assert args.enforce_eager is True
 
 
 def bare_preemptions(max_num_seqs: int, *, requests: int, prompt_len: int, output_len: int) -> int:
@@ -76,4 +54,15 @@ def test_the_probed_boundary_is_the_one_bare_vllm_shows(tmp_path):
     assert found["predicted_last_clean"] == clean  # vLLM's own KV capacity, less its null block
     measured = [t for t in study.trials if t.user_attrs.get("source") in (None, "reference")]  # reference: probed
     assert measured and all(t.params["max_num_seqs"] <= clean and t.user_attrs["preemptions"] == 0 for t in measured)
-    assert study.user_attrs["winner"]["params"]["max_num_seqs"] == clean  # the grid starts at the boundary
+    winner = study.user_attrs["winner"]
+    assert winner["params"]["max_num_seqs"] == clean  # the grid starts at the boundary
+    assert winner["ci"][1] < 1  # confirmed cheaper than max_num_seqs=1, Bonferroni-adjusted
+
+    # the export, read back by vLLM's own argument parser
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        ["--config", str(tmp_path / "edge" / "best" / "vllm_config.yaml")])
+    assert args.max_num_seqs == clean and args.max_model_len == 256
+    assert args.kv_cache_memory_bytes == 2097152 and args.load_format == "dummy" and args.enforce_eager is True
