@@ -57,8 +57,8 @@ class CompareConf:
     engines_per_slot: int = 2  # engine processes a slot keeps warm (the baseline's and a candidate's)
     lead: str = "baseline"  # mode=compare: the arm that runs first (sweeps alternate it across comparisons)
     alpha: float = 0.05  # two-sided; CHEAPER is a one-sided claim at alpha/2
-    min_effect: float = 0.0  # CHEAPER: the whole interval below 1 - max(min_effect, margin)
-    equivalence_margin: float = 0.02  # NO DIFFERENCE: inside 1 +/- margin; CHEAPER: beyond it
+    min_effect: float = 0.0  # the smallest difference worth a change, if larger than the margin (acts as it)
+    equivalence_margin: float = 0.02  # CHEAPER: whole interval below 1 - margin; NO DIFFERENCE: inside 1 +/- it
     token_tolerance: float = 0.0  # relative spread of output tokens / requests tolerated across replicates
     seed: int = 0
     cost: str = "steady"  # the cost judged: steady (closed loop, before the drain) | fixed_work | offered_load

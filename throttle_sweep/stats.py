@@ -5,13 +5,13 @@ term absorbs linear machine drift over the run, so an interleaved order estimate
 of it; exp(d) is the candidate/baseline cost ratio. The interval is t-based with n - 3 degrees of freedom
 (honest for the handful of replicates a GPU budget allows). Verdicts compare the whole interval with the
 decision thresholds:
-  CHEAPER        upper bound < 1 - max(min_effect, margin)   (a one-sided claim at alpha/2)
-  PRICIER        lower bound > 1 + max(min_effect, margin)
-  NO DIFFERENCE  interval inside [1 - margin, 1 + margin]
+  CHEAPER        upper bound < 1 - claim   (a one-sided claim at alpha/2; claim = max(min_effect, margin))
+  PRICIER        lower bound > 1 + claim
+  NO DIFFERENCE  interval inside [1 - claim, 1 + claim]
   INCONCLUSIVE   anything else, with how many more replicates per arm would likely decide
-Each verdict is a fixed region the whole interval must lie in, so a decided verdict stays as more runs
-narrow the interval: a saving claimed is one worth a change, and one pinned inside the margin is never
-CHEAPER when measured loosely and NO DIFFERENCE when measured well.
+Each verdict is a fixed region the whole interval must lie in, and the regions do not overlap, so an
+interval inside a decided one has its verdict: a saving claimed is one worth a change, and one pinned inside
+the margin is never CHEAPER when measured loosely and NO DIFFERENCE when measured well.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Thresholds:
 
     @property
     def claim(self) -> float:
-        """How far beyond 1 the whole interval must lie for CHEAPER or PRICIER: past the margin as well."""
+        """The one margin of every verdict: a difference smaller than it (or than min_effect, if larger) is
+        not worth a change, so CHEAPER and PRICIER need the whole interval beyond it, NO DIFFERENCE inside."""
         return max(self.min_effect, self.equivalence_margin)
 
     def check(self, source: str = "compare") -> None:
@@ -263,7 +264,7 @@ def decide(lo: float, hi: float, t: Thresholds) -> str:
     """An interval wholly inside the equivalence margin is NO DIFFERENCE even when it excludes 1: a saving
     the data pin below the margin is not worth a change, and calling it CHEAPER would say it is. For the
     same reason CHEAPER needs the whole interval beyond the margin too (`Thresholds.claim`)."""
-    if t.equivalence_margin > 0 and 1 - t.equivalence_margin <= lo and hi <= 1 + t.equivalence_margin:
+    if t.claim > 0 and 1 - t.claim <= lo and hi <= 1 + t.claim:
         return NO_DIFFERENCE
     if hi < 1 - t.claim:
         return CHEAPER
@@ -278,8 +279,8 @@ def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thres
     `power`, if the estimate and noise are what was measured (SE shrinks as 1/sqrt(n)): the half-width plus
     the `power` quantile of the estimate's own scatter must fit in the room left. None: not within `limit`."""
     room = [math.log(1 - t.claim) - est_log, est_log - math.log(1 + t.claim)]
-    if t.equivalence_margin > 0:
-        room.append(min(math.log(1 + t.equivalence_margin) - est_log, est_log - math.log(1 - t.equivalence_margin)))
+    if t.claim > 0:
+        room.append(min(math.log(1 + t.claim) - est_log, est_log - math.log(1 - t.claim)))
     best = max(room)
     if best <= 0 or not math.isfinite(se_log) or se_log <= 0:
         return None
@@ -427,7 +428,7 @@ def judged(effect: float, se: float, df: int, drift: float, observations: Sequen
     if verdict == NO_DIFFERENCE and (hi < 1 or lo > 1):
         small, large = (1 - hi, 1 - lo) if hi < 1 else (lo - 1, hi - 1)
         warnings.append(f"{'cheaper' if hi < 1 else 'pricier'} by {100 * small:.1f}% to {100 * large:.1f}%, inside "
-                        f"the ±{100 * thresholds.equivalence_margin:g}% equivalence margin: no difference worth a "
+                        f"the ±{100 * thresholds.claim:g}% equivalence margin: no difference worth a "
                         "change (compare.equivalence_margin sets the margin)")
     elif verdict == INCONCLUSIVE and (hi < 1 or lo > 1):
         small, large = (1 - hi, 1 - lo) if hi < 1 else (lo - 1, hi - 1)

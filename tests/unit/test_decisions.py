@@ -91,6 +91,25 @@ def test_a_saving_inside_the_equivalence_margin_is_not_a_plain_cheaper():
     assert decide(0.975, 0.985, Thresholds(equivalence_margin=0.0)) == CHEAPER  # no margin: any saving counts
 
 
+def test_a_sweep_without_a_winner_names_the_savings_beyond_the_noise_that_did_not_clear_the_margin():
+    """No winner is not 'none beat the baseline' when a confirmed interval lies wholly below 1: the report
+    says which candidates saved beyond the noise but not beyond the margin a claim must clear."""
+    from throttle_sweep.cost import Price
+    from throttle_sweep.search.driver import SweepResult
+    from throttle_sweep.search.report import lines
+
+    small = confirmation(3, 0.96, 0.93, 0.99, INCONCLUSIVE)
+    none = confirmation(4, 1.0, 0.95, 1.05, INCONCLUSIVE)
+    study = optuna.create_study()
+    out = lines(SweepResult(study, [small, none], None, []), Price(), 0)
+    (answer,) = [line for line in out if line.startswith("no candidate")]
+    assert "cheaper than the baseline by more than the margin" in answer
+    assert "trial 3 max_num_seqs=3" in answer and "beyond the noise" in answer and "trial 4" not in answer
+    out = lines(SweepResult(study, [none], None, []), Price(), 0)
+    (answer,) = [line for line in out if line.startswith("no candidate")]
+    assert "beyond the noise" not in answer
+
+
 def test_a_saving_beyond_the_noise_that_may_lie_inside_the_margin_says_so():
     """INCONCLUSIVE with the whole interval below 1: the reader is told why it is not CHEAPER."""
     rng = np.random.default_rng(3)

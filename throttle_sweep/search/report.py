@@ -209,8 +209,13 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
                        "measured once): " + ", ".join(fmt_params(t.params) for t in same))
     else:
         untuned = " vLLM as it runs untuned" if base and all(base.get(k) is None for k in BATCH) else ""
-        out.append(f"no candidate was confirmed cheaper than {baseline_words(base)}"
-                   + (f": none beat{untuned}" if untuned else ""))
+        # a saving beyond the noise that may lie inside the margin is not a claim, but not nothing either
+        small = [c for c in result.confirmations if not c.broken and (est := (c.adjusted or c.analysis).estimate)
+                 is not None and est.ci_high < 1]
+        out.append(f"no candidate was confirmed cheaper than {baseline_words(base)} by more than the margin"
+                   + ("; beyond the noise, but not shown beyond the margin: " + ", ".join(
+                       f"trial {c.source_trial} {fmt_params(c.params)}" for c in small) if small
+                      else f": none beat{untuned}" if untuned else ""))
     return out
 
 
