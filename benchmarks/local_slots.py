@@ -142,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.beside:
         return main_beside(args)
-    engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds()
+    engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds(equivalence_margin=0.0)  # A/A: no margin
     flags = {**FLAGS, "max_num_seqs": args.max_num_seqs}
     slots = [WarmSlot(engine, SPEC, price, run_id="bench", name=f"local-{i}") for i in range(2)]
     for slot in slots:
@@ -185,7 +185,7 @@ def main() -> None:
 
 
 def main_beside(args) -> None:
-    engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds()
+    engine, price, thresholds = VllmInprocEngine(), Price(), Thresholds(equivalence_margin=0.0)  # A/A: no margin
     flags = {**FLAGS, "max_num_seqs": args.max_num_seqs}
     slots = [WarmSlot(engine, SPEC, price, run_id="bench", name=f"local-{i}") for i in range(2)]
     for slot in slots:

@@ -89,7 +89,7 @@ def variance(args, engine, spec, price, flags) -> None:
 def aa(args, engine, spec, price, flags) -> None:
     # 2. A/A compares with the default policy
     slot = WarmSlot(engine, spec, price, run_id="bench", restart=args.restart)
-    thresholds = Thresholds()
+    thresholds = Thresholds(equivalence_margin=0.0)  # no margin: a false verdict is the interval's miss
     verdicts, ratios = [], []
     try:
         for c in range(args.aa):

@@ -4,7 +4,7 @@ Interleaving is what lets the analysis separate the flag from machine drift: in 
 ...) and `aba-bab` (B C B, then C B C, ...) both arms see early and late runs alike. abba is the default:
 in simulation (linear drift, a slow first run, curvature, an alternating rhythm) its complete blocks kept
 the A/A false-verdict rates at alpha/2 on both sides, where aba-bab confounds the arm with an odd/even
-rhythm (37% false CHEAPER under a +-1.1% alternation).
+rhythm (with no equivalence margin, 37% false CHEAPER under a +-1.1% alternation).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -75,8 +76,13 @@ def test_verdict_thresholds(lo, hi, verdict):
     assert decide(lo, hi, Thresholds(min_effect=0.0, equivalence_margin=0.02)) == verdict
 
 
-def test_min_effect_demands_a_larger_saving():
-    assert decide(0.96, 0.98, Thresholds(min_effect=0.05)) == INCONCLUSIVE
+def test_min_effect_demands_a_larger_saving_and_is_the_margin_of_no_difference_too():
+    """A saving under min_effect is not worth a change, as one under the margin is: pinned there, it is NO
+    DIFFERENCE, not INCONCLUSIVE however many runs are added."""
+    t = Thresholds(min_effect=0.05, equivalence_margin=0.02)
+    assert decide(0.90, 0.94, t) == CHEAPER
+    assert decide(0.93, 0.97, t) == INCONCLUSIVE
+    assert decide(0.964, 0.966, t) == NO_DIFFERENCE
 
 
 @pytest.mark.parametrize("kind", ["aba-bab", "abba", "random"])
@@ -131,7 +137,7 @@ def test_calibration_of_the_default_schedule_under_the_reviews_perturbations(kin
     covered = cheaper = pricier = 0
     for i in range(N_SIM):
         order = make_schedule("abba", 4, lead="candidate" if i % 2 else "baseline")
-        est = estimate(perturbed(order, 1.0, kind, noise_sd=rng.uniform(0.01, 0.03), rng=rng, warmup=True))
+        est = estimate(perturbed(order, 1.0, kind, noise_sd=rng.uniform(0.01, 0.03), rng=rng, warmup=True), EDGE)
         covered += est.ci_low <= 1.0 <= est.ci_high
         cheaper += est.verdict == CHEAPER
         pricier += est.verdict == PRICIER
@@ -154,6 +160,9 @@ def test_the_old_default_fails_under_an_alternating_rhythm():
     assert below_one > 0.2
 
 
+# A/A with no margin: a false verdict is then the interval's one-sided miss, which bounds the error a claim
+# makes for a ratio exactly at the margin's edge (with the default margin, an A/A run is almost never claimed)
+EDGE = Thresholds(equivalence_margin=0.0)
 N_SIM = 2000
 MC_SLACK = 3 * math.sqrt(0.025 * 0.975 / N_SIM)  # three Monte-Carlo standard errors
 
@@ -171,8 +180,9 @@ def verdict_rate(order, ratio, verdict, *, drift_total, noise, seed, analyse=est
 @pytest.mark.parametrize("kind, n", [("aba-bab", 3), ("abba", 4)])
 def test_calibration_aa_with_27pct_drift_rarely_says_either_way(kind, n):
     order = make_schedule(kind, n)
-    cheaper = verdict_rate(order, 1.0, CHEAPER, drift_total=0.27, noise=(0.01, 0.03), seed=1)
-    pricier = verdict_rate(order, 1.0, PRICIER, drift_total=0.27, noise=(0.01, 0.03), seed=1)
+    edge = functools.partial(estimate, thresholds=EDGE)
+    cheaper = verdict_rate(order, 1.0, CHEAPER, drift_total=0.27, noise=(0.01, 0.03), seed=1, analyse=edge)
+    pricier = verdict_rate(order, 1.0, PRICIER, drift_total=0.27, noise=(0.01, 0.03), seed=1, analyse=edge)
     print(f"\nA/A {kind} x{n}, 27% drift, 1-3% noise: false CHEAPER {cheaper:.4f}, false PRICIER {pricier:.4f} "
           "(alpha/2 = 0.025)")
     assert cheaper <= 0.025 + MC_SLACK and pricier <= 0.025 + MC_SLACK
