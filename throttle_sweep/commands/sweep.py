@@ -117,7 +117,9 @@ def run_locked(run: SweepRun, console: Console) -> int:
     est = (result.winner.adjusted or result.winner.analysis).estimate
     study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
                                    "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],
-                                   "key": resume_key(study.trials[result.winner.source_trial])})
+                                   "key": resume_key(study.trials[result.winner.source_trial]),
+                                   **({"p_best": sure.best, "p_within_margin": sure.within}
+                                      if (sure := result.certainty) is not None else {})})
     paths = export_keeping_the_old(study, out, say)
     say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
     return 0

@@ -28,7 +28,7 @@ from throttle_sweep.search.schedules import ScheduleIndex
 from throttle_sweep.search.screen import Screen
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import told_reference
-from throttle_sweep.search.winner import Confirmation, choose_winner
+from throttle_sweep.search.winner import Certainty, Confirmation, choose_winner, how_sure
 
 
 @dataclass
@@ -40,6 +40,7 @@ class SweepResult:
     pareto: list[optuna.trial.FrozenTrial] = field(default_factory=list)  # multi-objective only
     cost_basis: str = "steady"  # which cost per token the ratios judge
     tied: list[Confirmation] = field(default_factory=list)  # confirmed savings the winner could not be told from
+    certainty: Certainty | None = None  # how sure the pick is (None: no rival to be surer than)
 
 
 class Sweep:
@@ -69,8 +70,10 @@ class Sweep:
         self.search(plan)
         confirmations = self.confirm()
         winner, tied = choose_winner(confirmations, s.thresholds.alpha)
+        sure = how_sure(winner, confirmations, s.thresholds.claim) if winner is not None else None
         return SweepResult(view.study, confirmations, winner, runner.records,
-                           pareto=view.pareto() if s.multi_objective else [], cost_basis=s.cost_basis, tied=tied)
+                           pareto=view.pareto() if s.multi_objective else [], cost_basis=s.cost_basis, tied=tied,
+                           certainty=sure)
 
     def find_boundaries(self) -> None:
         find_boundaries(self.runner, self.view)

@@ -202,6 +202,10 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
                    f"{100 * (est.ratio - 1):+.1f}% cost (CI {100 * (est.ci_low - 1):+.1f}% to "
                    f"{100 * (est.ci_high - 1):+.1f}%) vs {baseline_words(base)}, ${min(cand):.4f}-${max(cand):.4f}/M "
                    "output tokens in confirmation")
+        if (sure := result.certainty) is not None:
+            out.append(f"how sure: the cheapest of the {sure.rivals + 1} confirmed in {100 * sure.best:.0f}% of draws "
+                       f"from the confirmation's fits, within the {100 * sure.margin:g}% margin of the cheapest in "
+                       f"{100 * sure.within:.0f}% (a flat prior on each ratio)")
         same = [t for t in result.study.get_trials(deepcopy=False)
                 if t.user_attrs.get("same_schedule_as") == f"trial {result.winner.source_trial}"]
         if same:

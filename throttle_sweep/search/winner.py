@@ -5,6 +5,7 @@ tests/unit/test_joint_confirmation.py the direct contrast of candidates confirme
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,15 @@ import numpy as np
 from throttle_sweep.analysis import Analysis
 from throttle_sweep.errors import ThrottleSweepError
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.stats import CHEAPER, Observation, check_observations, clearly_lower, fit_joint, t_quantile
+from throttle_sweep.stats import (
+    CHEAPER,
+    JointFit,
+    Observation,
+    check_observations,
+    clearly_lower,
+    fit_joint,
+    t_quantile,
+)
 
 
 @dataclass
@@ -35,6 +44,22 @@ class Confirmation:
         return (self.adjusted or self.analysis).verdict == CHEAPER
 
 
+def joint_fit_of(group: Sequence[Confirmation]) -> JointFit | None:
+    """One fit over the runs of candidates confirmed on one joint schedule, and the baseline's (arms named by
+    their source trials), or None when too few runs are left to fit."""
+    first = group[0].analysis
+    runs = {r["position"]: Observation(BASELINE, r["position"], first.cost_of(r)) for r in first.replicates(BASELINE)}
+    for c in group:
+        runs.update({r["position"]: Observation(f"trial-{c.source_trial}", r["position"], c.analysis.cost_of(r))
+                     for r in c.analysis.replicates(CANDIDATE)})
+    with contextlib.suppress(ThrottleSweepError, ValueError, np.linalg.LinAlgError):
+        check_observations(list(runs.values()), [BASELINE, *(f"trial-{c.source_trial}" for c in group)])
+        fitted = fit_joint(list(runs.values()))
+        if fitted.df > 0:
+            return fitted
+    return None
+
+
 def cheaper_than(a: Confirmation, b: Confirmation, alpha: float) -> bool:
     """Is a cheaper than b beyond doubt? Two candidates confirmed on one joint schedule are contrasted
     directly, in one fit over their runs and the baseline's (every pair of arms is balanced): their ratios to
@@ -42,18 +67,9 @@ def cheaper_than(a: Confirmation, b: Confirmation, alpha: float) -> bool:
     the df of all three arms' runs (simulated, 4% apart at 2% noise: told apart in 67% of runs by the
     contrast of ratios, 82% by a's runs against b's alone, 88% this way). Otherwise, the contrast of the two
     ratios to the baseline (clearly_lower)."""
-    if a.shared and a.shared == b.shared:
-        runs = {r["position"]: Observation(BASELINE, r["position"], a.analysis.cost_of(r))
-                for r in a.analysis.replicates(BASELINE)}
-        for c, arm in ((a, "a"), (b, "b")):
-            runs.update({r["position"]: Observation(arm, r["position"], c.analysis.cost_of(r))
-                         for r in c.analysis.replicates(CANDIDATE)})
-        with contextlib.suppress(ThrottleSweepError, ValueError, np.linalg.LinAlgError):  # too few runs left
-            check_observations(list(runs.values()), [BASELINE, "a", "b"])
-            fitted = fit_joint(list(runs.values()))
-            if fitted.df > 0:
-                diff, se, df = fitted.contrast("a", "b")
-                return diff + t_quantile(1 - alpha / 2, df) * se < 0
+    if a.shared and a.shared == b.shared and (fitted := joint_fit_of([a, b])) is not None:
+        diff, se, df = fitted.contrast(f"trial-{a.source_trial}", f"trial-{b.source_trial}")
+        return diff + t_quantile(1 - alpha / 2, df) * se < 0
     return clearly_lower(a.analysis.estimate, b.analysis.estimate, alpha)
 
 
@@ -80,3 +96,61 @@ def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
 WINNER_RULE = ("winner rule: among confirmed savings (adjusted interval wholly below 1 - margin) that kept every "
                "constraint in confirmation too, the lowest estimate; those a direct contrast cannot show it cheaper "
                "than are named as tied with it")
+
+
+@dataclass(frozen=True)
+class Certainty:
+    """How sure the pick is, from the confirmations' fits with a flat prior on each log ratio: the share of
+    draws in which the winner is the cheapest of the candidates that kept every constraint, and in which it
+    is within the margin of the cheapest (the question a deployment asks: is there a better one worth it?)."""
+    best: float
+    within: float
+    rivals: int  # the other candidates it was drawn against
+    margin: float
+
+
+def how_sure(winner: Confirmation, confirmations: Sequence[Confirmation], margin: float, draws: int = 20_000,
+             seed: int = 0) -> Certainty | None:
+    """None when the winner has no rival that kept every constraint, or a fit has no noise estimate.
+    Candidates confirmed on one joint schedule are drawn together, from one fit's effects and covariance (their
+    shared baseline runs make their difference surer than either ratio); others independently, each its t."""
+    rivals = [c for c in confirmations if c is not winner and not c.broken and c.analysis.estimate is not None]
+    if not rivals:
+        return None
+    groups: dict[tuple[int, ...], list[Confirmation]] = {}
+    for c in (winner, *rivals):
+        groups.setdefault(tuple(c.shared) if c.shared else (-1 - c.source_trial,), []).append(c)
+    rng = np.random.default_rng(seed)
+    drawn: dict[int, np.ndarray] = {}
+    for group in groups.values():
+        fitted = joint_fit_of(group) if len(group) > 1 else None
+        if fitted is not None:
+            arms = [f"trial-{c.source_trial}" for c in group]
+            mean, cov, df = effects(fitted, arms)
+            if not (np.all(np.isfinite(cov)) and df > 0):
+                return None
+            z = rng.multivariate_normal(np.zeros(len(arms)), cov, size=draws, method="eigh")
+            scale = np.sqrt(df / rng.chisquare(df, size=draws))[:, None]  # a multivariate t on the smallest df
+            drawn.update({c.source_trial: column for c, column in zip(group, (mean + z * scale).T, strict=True)})
+            continue
+        for c in group:
+            est = c.analysis.estimate
+            if not (math.isfinite(est.se_log) and est.df > 0):
+                return None
+            drawn[c.source_trial] = math.log(est.ratio) + est.se_log * rng.standard_t(est.df, size=draws)
+    mine = drawn.pop(winner.source_trial)
+    cheapest_rival = np.min(np.vstack(list(drawn.values())), axis=0)
+    return Certainty(best=float(np.mean(mine <= cheapest_rival)),
+                     within=float(np.mean(mine <= np.minimum(mine, cheapest_rival) + math.log1p(margin))),
+                     rivals=len(rivals), margin=margin)
+
+
+def effects(fitted: JointFit, arms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, float]:
+    """The arms' log ratios, their covariance (each run weighted by its own arm's residual variance, as the
+    fit's standard errors are) and the smallest of their df."""
+    rows = [1 + fitted.arms.index(arm) for arm in arms]
+    noise = fitted.arm_noise()
+    per_run = np.array([noise[arm][0] for arm in fitted.run_arms])
+    a = fitted.weights[rows]
+    cov = (a * per_run) @ a.T if len(fitted.arms) > 1 else fitted.cov[np.ix_(rows, rows)]
+    return fitted.coef[rows], cov, min(fitted.effect(arm)[2] for arm in arms)
