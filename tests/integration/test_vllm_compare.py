@@ -11,7 +11,7 @@ from tests.helpers import compose_cfg
 from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.stats import CHEAPER, PRICIER
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # verdicts of the real engine
 SMALL = ["workload.num_requests=16", "workload.output_len=32", "workload.prompt_len=32", "workload.warmup_requests=2"]
 
 

@@ -19,7 +19,9 @@ from throttle_sweep.engines.vllm_server import VllmServerEngine
 from throttle_sweep.records import read_records
 from throttle_sweep.stats import CHEAPER
 
-pytestmark = pytest.mark.integration
+# every verdict here goes through vLLM's API server, whose per-token work is not batched: beside another engine on
+# 2 cores a 16-request replicate's saving at 8 in flight vanished (1.108 [0.748, 1.639]; 0.2-0.3 alone)
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 
 def test_a_compare_on_warm_servers(tmp_path):
@@ -73,5 +75,6 @@ def test_a_sweep_on_a_ray_slot_serves_through_the_api_server(tmp_path):
     assert records and all(r["status"] == "ok" and r["environment"]["engine"] == "vllm-server" for r in records)
     assert {r["slot"] for r in records} == {"ray-0"} and len({r["server_log"] for r in records}) == 2
     study = optuna.load_study(study_name="rs", storage=f"sqlite:///{tmp_path / 'rs' / 'study.db'}")
+    assert study.user_attrs["winner"] is not None, (tmp_path / "rs" / "report.md").read_text()
     assert study.user_attrs["winner"]["ci"][1] < 1 and (tmp_path / "rs" / "best" / "vllm_config.yaml").exists()
     assert not servers_running()

@@ -10,7 +10,7 @@ from rich.console import Console
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # a winner confirmed on the real engine
 
 
 def bare_preemptions(max_num_seqs: int, *, requests: int, prompt_len: int, output_len: int) -> int:

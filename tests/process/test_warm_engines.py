@@ -243,7 +243,7 @@ def engine_children(pid: int) -> list[psutil.Process]:
 def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
     driver = subprocess.Popen(
         [sys.executable, "-m", "throttle_sweep", "mode=compare", "backend=fake", "fake.realtime=true",
-         "fake.start_s=0.1", "workload.num_requests=64", "compare.replicates=8", "compare.restart=never",
+         "fake.start_s=0.1", "workload.num_requests=8", "workload.concurrency=8", "compare.replicates=8", "compare.restart=never",
          f"results_dir={tmp_path}"],  # two engine processes, kept up
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background shell ignores SIGINT
@@ -262,6 +262,7 @@ def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
         assert not left, f"engine processes {left} outlived a driver ended by {sig.name}"
         records = [json.loads(line) for path in tmp_path.glob("*/replicates.jsonl") for line in path.open()]
         assert records and all(r["status"] == "ok" for r in records)  # what was measured is kept
+        assert len(records) < 16, "the comparison ended before the signal: nothing was tested"
     finally:
         if driver.poll() is None:
             driver.kill()
