@@ -9,8 +9,9 @@ from typing import Any
 
 from throttle_sweep.analysis import BASIS_LABEL, Analysis
 from throttle_sweep.cost import Price
+from throttle_sweep.fitting import fit
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.stats import Observation, Thresholds, fit
+from throttle_sweep.stats import Observation, Thresholds
 
 
 def summary(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> dict[str, Any]:

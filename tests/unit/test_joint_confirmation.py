@@ -24,6 +24,7 @@ from throttle_sweep.commands import analyze as analyze_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeKnobs
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.fitting import fit_joint
 from throttle_sweep.records import read_records
 from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_schedule, make_schedule
 from throttle_sweep.search.driver import Sweep
@@ -294,3 +295,19 @@ def test_the_rhythm_check_reads_a_views_true_positions_not_its_ranks():
     obs = [Observation(a, p, (1.04 if p % 2 else 0.96) * (1 + 0.01 * p) * math.exp(rng.normal(0, 0.002)))
            for a, p in view]
     assert any("odd/even rhythm" in w for w in lack_of_fit(obs)), lack_of_fit(obs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), noise=st.lists(st.floats(0.005, 0.08), min_size=3, max_size=3))
+def test_the_joint_fits_covariance_gives_the_standard_errors_it_reports(seed, noise):
+    """One weighting of the runs (each by its own arm's residual variance) for every combination: the
+    covariance the pick's certainty draws from says the same standard error as each effect and contrast."""
+    rng = np.random.default_rng(seed)
+    arms = ["baseline", "t0", "t1"]
+    order = [arms[i % 3] for i in (0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0)]
+    obs = [Observation(arm, pos, math.exp(rng.normal(0, noise[arms.index(arm)]))) for pos, arm in enumerate(order)]
+    fitted = fit_joint(obs)
+    cov = fitted.welch_cov()
+    for w in ([0, 1, 0, 0], [0, 0, 1, 0], [0, 1, -1, 0], [0, 0.5, 0.5, 0]):
+        w = np.array(w, dtype=float)
+        assert math.sqrt(w @ cov @ w) == pytest.approx(fitted.spread(w)[0], rel=1e-9)

@@ -14,16 +14,9 @@ import numpy as np
 
 from throttle_sweep.analysis import Analysis
 from throttle_sweep.errors import ThrottleSweepError
+from throttle_sweep.fitting import JointFit, Observation, fit_joint
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.stats import (
-    CHEAPER,
-    JointFit,
-    Observation,
-    check_observations,
-    clearly_lower,
-    fit_joint,
-    t_quantile,
-)
+from throttle_sweep.stats import CHEAPER, check_observations, clearly_lower, t_quantile
 
 
 @dataclass
@@ -149,8 +142,5 @@ def effects(fitted: JointFit, arms: Sequence[str]) -> tuple[np.ndarray, np.ndarr
     """The arms' log ratios, their covariance (each run weighted by its own arm's residual variance, as the
     fit's standard errors are) and the smallest of their df."""
     rows = [1 + fitted.arms.index(arm) for arm in arms]
-    noise = fitted.arm_noise()
-    per_run = np.array([noise[arm][0] for arm in fitted.run_arms])
-    a = fitted.weights[rows]
-    cov = (a * per_run) @ a.T if len(fitted.arms) > 1 else fitted.cov[np.ix_(rows, rows)]
+    cov = fitted.welch_cov()[np.ix_(rows, rows)]
     return fitted.coef[rows], cov, min(fitted.effect(arm)[2] for arm in arms)
