@@ -4,10 +4,12 @@ every grid point the old way (fixed-size comparisons, no probes), and the defaul
 first, then an Optuna search with a trial budget and sequential comparisons). Prints the measurement each
 used (replicates and engine-seconds, probes and confirmation included), and how often each found the true
 cheapest feasible point. A "hit" is a winner whose true cost is within --tie of the true optimum: points
-closer than that are indistinguishable at this noise, so the exact-match rate is printed too. Target: the
-search's answer is right >= 95% of the time in <= 20% of the grid's measurement time.
+closer than that are indistinguishable at this noise, so the exact-match rate is printed too. Target (#27):
+within 1% of the optimum in >= 95% of seeds and within the 2% equivalence margin in >= 99%, at <= 0.10 of the
+grid's engine-seconds (median); 30 seeds or more tell 95% from 80%. Each run is recorded in results.jsonl.
 
-    python benchmarks/search_vs_grid.py [--seeds 10] [--trials 20] [--sampler tpe]
+    python benchmarks/search_vs_grid.py [--seeds 30] [--trials 20] [--sampler tpe]   (about 35 s a seed here)
+    python benchmarks/search_vs_grid.py --latest
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import print_latest_if_asked, record  # noqa: E402
 
 # 16 x 48 tokens per request, 32 in flight, a KV cache of 96 blocks: preemption starts inside the range.
 KV = 96 * 16 * 1024
@@ -70,19 +74,22 @@ def run(results: Path, name: str, *overrides: str) -> tuple[tuple[int, int] | No
 
 
 def main() -> None:
+    print_latest_if_asked(__file__)
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--trials", type=int, default=20, help="the search's trial budget (the grid has 128)")
     parser.add_argument("--sampler", default="tpe")
     parser.add_argument("--noise", type=float, default=0.02, help="sd of log replicate time")
     parser.add_argument("--drift", type=float, default=0.002, help="slow-down per engine start")
     parser.add_argument("--tie", type=float, default=0.01)
+    parser.add_argument("--margin", type=float, default=0.02, help="the equivalence margin")
     args = parser.parse_args()
 
     surface = truth()
     feasible = {p: c for p, (c, pre) in surface.items() if pre == 0}
     best = min(feasible, key=feasible.get)
     near = {p for p, c in feasible.items() if c <= feasible[best] * (1 + args.tie)}
+    within_margin = {p for p, c in feasible.items() if c <= feasible[best] * (1 + args.margin)}
     print(f"true cheapest feasible point: max_num_seqs={best[0]} max_num_batched_tokens={best[1]} "
           f"(${feasible[best]:.4f}/M); {len(near)} points within {args.tie:.0%} of it; "
           f"{sum(pre > 0 for _, pre in surface.values())} of {len(surface)} points preempt")
@@ -110,9 +117,19 @@ def main() -> None:
           f"(engine-seconds; replicates {statistics.median(s[2] for _, s in rows):.0f} vs "
           f"{statistics.median(g[2] for g, _ in rows):.0f})")
     print(f"hit rate (within {args.tie:.0%} of the true optimum): search {rate(1, near):.0%}, grid {rate(0, near):.0%}; "
+          f"within the {args.margin:.0%} margin: search {rate(1, within_margin):.0%}, grid {rate(0, within_margin):.0%}; "
           f"exact: search {rate(1, {best}):.0%}, grid {rate(0, {best}):.0%}; search agrees with grid {same:.0%}")
-    ok = statistics.median(ratios) <= 0.20 and rate(1, near) >= 0.95
-    print(f"target (>= 95% hits in <= 20% of the grid's time): {'met' if ok else 'NOT met'}")
+    ok = statistics.median(ratios) <= 0.10 and rate(1, near) >= 0.95 and rate(1, within_margin) >= 0.99
+    print(f"target (>= 95% within {args.tie:.0%} and >= 99% within {args.margin:.0%} at <= 0.10 of the grid's "
+          f"engine-seconds): {'met' if ok else 'NOT met'}")
+    record(__file__, vars(args), {
+        "engine_seconds_ratio_median": round(statistics.median(ratios), 3), "engine_seconds_ratio_max": round(max(ratios), 3),
+        "replicates_search_median": statistics.median(s[2] for _, s in rows),
+        "replicates_grid_median": statistics.median(g[2] for g, _ in rows),
+        "within_tie": {"search": rate(1, near), "grid": rate(0, near)},
+        "within_margin": {"search": rate(1, within_margin), "grid": rate(0, within_margin)},
+        "exact": {"search": rate(1, {best}), "grid": rate(0, {best})},
+        "search_winners": [list(s[0]) if s[0] else None for _, s in rows]}, ok)
 
 
 if __name__ == "__main__":
