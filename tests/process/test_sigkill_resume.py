@@ -18,13 +18,18 @@ from tests.unit.test_sweep import ROOT, SPACE, WHOLE, WORK, truth
 from throttle_sweep.records import read_records
 
 
+# the fake's step times at a quarter of their defaults (the same surface, the same boundary): the killed process
+# runs in real time, and at the defaults its trial case took 44 s
+QUICK = ["fake.step_overhead_s=0.001", "fake.per_seq_s=0.0001", "fake.per_prefill_token_s=0.0000075"]
+
+
 @pytest.mark.parametrize("when", ["probing", "trial"])
 def test_sigkill_mid_trial_then_resume_loses_nothing_and_repeats_nothing(tmp_path, when):
     """A real process, killed with SIGKILL while probing the boundary or in the second trial; the same command
     again finishes the sweep."""
     args = [sys.executable, "-m", "throttle_sweep", "backend=fake", *WORK, *SPACE, "study.name=k",
             f"results_dir={tmp_path}", "study.n_trials=5", "compare.replicates=2", "study.confirm_replicates=2",
-            "study.confirm_top=1", "plots=false"]
+            "study.confirm_top=1", "plots=false", *QUICK]
     records = tmp_path / "k" / "replicates.jsonl"
     proc = subprocess.Popen([*args, "fake.realtime=true", "fake.start_s=0.2"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
