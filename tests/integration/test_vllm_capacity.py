@@ -12,13 +12,13 @@ from throttle_sweep.commands import capacity as capacity_cmd
 from throttle_sweep.records import read_records
 
 pytestmark = pytest.mark.integration
-SMALL = ["workload.num_requests=20", "capacity.run_s=4", "workload.output_len=16", "workload.prompt_len=32", "workload.warmup_requests=2",
+SMALL = ["workload.num_requests=20", "capacity.run_s=2", "workload.output_len=16", "workload.prompt_len=32", "workload.warmup_requests=2",
          "compare.restart=never", "slo.p95_ttft_s=1.0", "slo.p95_tpot_s=0.2", "capacity.rel_tol=0.3",
          "capacity.knee_rates=3", "capacity.knee_replicates=2", "capacity.knee_margin=0.3", "plots=false"]
 
 
 def capacity(tmp_path, seqs: int) -> dict:
-    cfg = compose_cfg(*SMALL, f"run=seqs{seqs}", f"engine.max_num_seqs={seqs}", "capacity.rate_start=4",
+    cfg = compose_cfg(*SMALL, f"run=seqs{seqs}", f"engine.max_num_seqs={seqs}", "capacity.rate_start=16",
                       tmp_path=tmp_path)
     capacity_cmd.run(cfg, Console(quiet=True))
     records = read_records(tmp_path / f"seqs{seqs}" / "replicates.jsonl")

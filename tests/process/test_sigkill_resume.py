@@ -17,7 +17,6 @@ import pytest
 from tests.unit.test_sweep import ROOT, SPACE, WHOLE, WORK, truth
 from throttle_sweep.records import read_records
 
-
 # the fake's step times at a quarter of their defaults (the same surface, the same boundary): the killed process
 # runs in real time, and at the defaults its trial case took 44 s
 QUICK = ["fake.step_overhead_s=0.001", "fake.per_seq_s=0.0001", "fake.per_prefill_token_s=0.0000075"]
