@@ -143,3 +143,28 @@ def test_a_comparison_restarted_after_an_undecided_look_does_not_spend_that_look
     comp.records = {i: {} for i in range(4)}
     assert not comp.at_look()  # the first look was the earlier attempt's
     assert comp.skipped_looks == 1
+
+
+@pytest.mark.parametrize("rivals", [5, 20])
+def test_a_drop_against_the_best_so_far_accounts_for_its_selection(rivals):
+    """The best so far is the lowest of `rivals` estimates, so it sits below its true cost: tested against it at
+    the plain alpha, a candidate exactly as cheap as every rival was dropped as "clearly pricier" far more
+    often than alpha/2 (the review: the true best reached confirmation in 84.6% of a 20-candidate search).
+    Against the lowest of k, the drop is tested at alpha / k: a union bound over the candidates it was chosen
+    from, so the chance of dropping a candidate as cheap as all of them stays at most alpha/2."""
+    from throttle_sweep.search.sequential import Stored
+
+    rng = np.random.default_rng(7)
+    alpha, df, sd, n = 0.05, 5, 0.02, 4000
+    dropped = {"selected": 0, "plain": 0}
+    for _ in range(n):
+        # each comparison's log ratio and its own standard error (df residual df); all share one true cost
+        est = rng.normal(0, sd, rivals + 1)
+        se = sd * np.sqrt(rng.chisquare(df, rivals + 1) / df)
+        stored = [Stored(math.exp(e), s, df) for e, s in zip(est, se, strict=True)]
+        candidate, others = stored[0], stored[1:]
+        best = min(others, key=lambda r: r.ratio)
+        dropped["selected"] += search_stop("INCONCLUSIVE", candidate, best, alpha, rivals=rivals) is not None
+        dropped["plain"] += search_stop("INCONCLUSIVE", candidate, best, alpha) is not None
+    assert dropped["plain"] / n > 2 * alpha / 2  # the bias the correction is for: real at these sizes
+    assert dropped["selected"] / n <= alpha / 2 + 3 * math.sqrt(alpha / 2 / n)

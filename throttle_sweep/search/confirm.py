@@ -29,10 +29,12 @@ def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
     rounds = [todo]
     if s.sequential and not s.multi_objective and len(todo) > 1:
         best = to_rank(todo[0].user_attrs)
-        # at the screens' own alpha (the reference has none of its own: the best's, then the plain one)
+        rivals = len(view.ranked(len(view.trials())))  # the best is the lowest of these: biased low
+        # at the screens' own alpha (the reference has none of its own: the best's, then the plain one), over
+        # the rivals the best was selected from (sequential.search_stop)
         later = [t for t in todo[1:] if best and (r := to_rank(t.user_attrs)) and clearly_lower(
-            best, r, t.user_attrs.get("alpha_per_look") or todo[0].user_attrs.get("alpha_per_look")
-            or s.thresholds.alpha)]
+            best, r, (t.user_attrs.get("alpha_per_look") or todo[0].user_attrs.get("alpha_per_look")
+                      or s.thresholds.alpha) / max(1, rivals))]
         if later:
             rounds = [[t for t in todo if t not in later], later]
     results: list[Confirmation] = []

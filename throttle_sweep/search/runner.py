@@ -188,11 +188,13 @@ class Runner:
             return confirm_stop(analysis.verdict, ranked=comp.ranked)
         if analysis.estimate is not None and broken_constraints(trial_summary(analysis, s), s):
             return "infeasible: it broke a constraint"
-        best = self.view.best()
+        rivals = self.view.ranked(len(self.view.trials()))  # the best so far is the lowest of these
+        best = rivals[0] if rivals else None
         warmup = int(s.warmup_replicate)  # the warm-up run is not analysed
         shrink = math.sqrt((len(comp.records) - warmup) / (len(comp.order) - warmup))
         return search_stop(analysis.verdict, analysis.estimate, to_rank(best.user_attrs) if best else None,
-                           comp.thresholds.alpha, shrink, needs_saving=self.view.findings.reference is None)
+                           comp.thresholds.alpha, shrink, needs_saving=self.view.findings.reference is None,
+                           rivals=len(rivals))
 
     def again(self, comp: Comparison) -> None:
         """Say that a comparison stopped by a fault not the candidate's starts again from scratch."""

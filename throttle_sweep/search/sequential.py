@@ -59,20 +59,23 @@ def per_look(thresholds: Thresholds, looks: int, family: int = 1) -> Thresholds:
 
 
 def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alpha: float,
-                shrink: float = 1.0, *, needs_saving: bool = True) -> str | None:
+                shrink: float = 1.0, *, needs_saving: bool = True, rivals: int = 1) -> str | None:
     """Why a search comparison can stop at this look, or None to go on. `shrink`: how much the candidate's
     standard error would shrink by the planned end (sqrt(runs now / runs planned)); if even then the rank
     against the best so far could not be decided, more runs are futile and confirmation decides it (a
     futility stop never makes a claim, so it costs no error rate). `needs_saving=False`: the comparison's
     other arm is a feasible candidate (the search's reference), not the baseline, so a saving against it is
-    not what makes a candidate eligible; only its rank is, and an undecided verdict may stop for futility too."""
+    not what makes a candidate eligible; only its rank is, and an undecided verdict may stop for futility too.
+    `rivals`: how many feasible candidates the best so far is the lowest of. Selected as the lowest, its
+    estimate sits below its true cost, so a drop against it is tested at alpha / rivals (a union bound over
+    them: the chance of dropping a candidate as cheap as all of them stays at most alpha/2)."""
     if estimate is None:
         return "no estimate can be made"
     if verdict == PRICIER or (verdict == NO_DIFFERENCE and needs_saving):
         return f"{verdict}: it cannot win"
     if verdict == NO_DIFFERENCE:  # against the reference: equal within the margin; confirmation ranks it
         return "NO DIFFERENCE from the reference: confirmation ranks it"
-    if best is not None and clearly_lower(best, estimate, alpha):  # type: ignore[arg-type]
+    if best is not None and clearly_lower(best, estimate, alpha / max(1, rivals)):  # type: ignore[arg-type]
         return "clearly pricier than the best feasible candidate so far"
     if not needs_saving and best is not None and verdict != CHEAPER:
         if estimate.df < 2:  # one residual df (the first B C C B block) says too little of the noise to give up on
