@@ -162,3 +162,10 @@ def test_a_restart_policy_that_shares_engines_is_flagged_before_anything_is_meas
     assert ("the interval" in text and "differ in speed" in text) == (said is not None)
     if said is not None:
         assert said in text and text.index(said) < text.index("compare ")  # said before the first run
+
+
+def test_analyze_refuses_a_run_name_that_is_not_a_folder_before_reading_its_input(tmp_path):
+    """run= names a folder under results_dir, as in every other mode: a path that climbs out is refused."""
+    cfg = compose_cfg("mode=analyze", f"input={tmp_path / 'missing.csv'}", "run=../elsewhere", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match="run must be a plain folder name"):
+        analyze_cmd.run(cfg, Console(quiet=True))

@@ -11,40 +11,33 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import COST_BASES, analyse, analyse_joint, check_positions, load_input
+from throttle_sweep.analysis import analyse, analyse_joint, check_positions, load_input
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.inventory import CALIBRATION, CAPACITY, COMPARISON, MEASURE, PROBE, Entry, inventory
 from throttle_sweep.report import lines, write
-from throttle_sweep.settings.sections import thresholds_from
+from throttle_sweep.settings.analyze import load_analyze
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    if not cfg.input:
-        raise ConfigError("mode=analyze needs input=PATH (replicates.jsonl, or a CSV/JSONL of arm, order, "
-                          "usd_per_mtok)")
-    thresholds = thresholds_from(cfg)
-    if cfg.compare.cost not in COST_BASES:
-        raise ConfigError(f"compare.cost must be one of {', '.join(COST_BASES)}, but got {cfg.compare.cost!r}")
-    path = Path(cfg.input)
+    a = load_analyze(cfg)  # every check before any file is read
+    path, thresholds = a.input, a.thresholds
     entries = inventory(load_input(path), stem=path.stem)
     say = lambda text: console.print(text, highlight=False)  # noqa: E731
     if len(entries) > 1 or entries[0].kind != COMPARISON or entries[0].partial:
         for line in listing(entries, path):
             say(line)
-    chosen = choose(entries, cfg.comparison, path)
-    out_root = Path(cfg.results_dir) / cfg.run if cfg.run else path.parent
+    chosen = choose(entries, a.comparison, path)
     for entry in chosen:
         first = entry.records[0]
         price = Price(first["usd_per_gpu_hour"], first["gpus"]) if "usd_per_gpu_hour" in first else None
         theirs = "schema_version" not in first  # a user's CSV: bad data is an error, not a withheld verdict
         if theirs:
             check_positions(entry.records, str(path))
-        analysis = analyse(entry.records, thresholds, token_tolerance=cfg.compare.token_tolerance, strict=theirs,
-                           cost=cfg.compare.cost)
+        analysis = analyse(entry.records, thresholds, token_tolerance=a.token_tolerance, strict=theirs, cost=a.cost)
         if entry.joint is not None:  # one candidate of a joint confirmation: one fit over all its runs
-            analysis = analyse_joint(entry.joint, thresholds, token_tolerance=cfg.compare.token_tolerance,
-                                     cost=cfg.compare.cost).get(entry.trial, analysis)
+            analysis = analyse_joint(entry.joint, thresholds, token_tolerance=a.token_tolerance,
+                                     cost=a.cost).get(entry.trial, analysis)
         if entry.partial:
             analysis.verdict = f"PARTIAL, not a verdict ({analysis.verdict} on the part measured)"
             analysis.notes.insert(0, f"this comparison is partial: {entry.partial}")
@@ -52,7 +45,7 @@ def run(cfg: DictConfig, console: Console) -> int:
             say(f"[bold]comparison {entry.name}[/]" + (f" ({entry.stage} {entry.key})" if entry.key else ""))
         for line in lines(analysis, thresholds, price):
             say(line)
-        say(f"summary: {write(out_root / 'analysis' / entry.name, analysis, thresholds, price, plot=cfg.plots)['md']}")
+        say(f"summary: {write(a.out_root / 'analysis' / entry.name, analysis, thresholds, price, plot=a.plots)['md']}")
     return 0
 
 

@@ -18,48 +18,19 @@ from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
 from throttle_sweep.runlock import hold
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
-from throttle_sweep.settings.notes import concurrency_note, few_replicates_note, kv_size_note, shared_engine_note
-from throttle_sweep.settings.sections import (
-    arm_flags,
-    cost_basis_from,
-    endpoint_arms,
-    engine_from,
-    plain,
-    preflight,
-    price_from,
-    run_dir,
-    thresholds_from,
-    warm_engines_from,
-    workload_from,
-)
+from throttle_sweep.schedule import BASELINE, CANDIDATE
+from throttle_sweep.settings.compare import load_compare
 from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    price, spec, engine, thresholds = price_from(cfg), workload_from(cfg), engine_from(cfg), thresholds_from(cfg)
-    basis, warm = cost_basis_from(cfg), warm_engines_from(cfg)
-    if cfg.backend == "endpoint":  # two servers the user runs, by URL, each checked to answer
-        arms = endpoint_arms(cfg)
-    else:
-        base = plain(cfg.engine)
-        arms = {BASELINE: arm_flags(base, plain(cfg.baseline)), CANDIDATE: arm_flags(base, plain(cfg.candidate))}
-        for arm, flags in arms.items():
-            preflight(engine, flags, spec, source=arm)
-    for arm, flags in arms.items():
-        for note in (concurrency_note(flags, spec, source=arm), kv_size_note(flags, source=arm)):
-            if note is not None:
-                console.print(f"[yellow]note:[/] {note}", highlight=False)
-    order = make_schedule(cfg.compare.schedule, cfg.compare.replicates, seed=cfg.compare.seed, lead=cfg.compare.lead)
-    for note in (few_replicates_note(cfg.compare.replicates, key="compare.replicates"), shared_engine_note(warm)):
-        if note is not None:
-            console.print(f"[yellow]note:[/] {note}", highlight=False)
-    if cfg.compare.warmup_replicate:
-        order = with_warmup(order)
-    out = run_dir(cfg)
+    r = load_compare(cfg)  # every check before any engine starts
+    for note in r.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    spec, engine, price, arms, order, warm, out = r.spec, r.engine, r.price, r.arms, r.order, r.warm, r.out
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
-        claim_run_folder(out, plain(cfg), "compare")
+        claim_run_folder(out, r.config, "compare")
         OmegaConf.save(cfg, out / "config.yaml")
         log = RecordLog(out / "replicates.jsonl", say=partial(console.print, highlight=False))
         spec = sized_by_time(spec, engine, price, arms[BASELINE], log, run_id=out.name, warm=warm,
@@ -67,20 +38,20 @@ def run(cfg: DictConfig, console: Console) -> int:
         if isinstance(spec, int):  # the calibration run failed, or was interrupted
             return spec
         comparison, done, discarded = fresh_or_complete(log.records, arms, order,
-                                                        {"workload": asdict(spec), "backend": cfg.backend})
+                                                        {"workload": asdict(spec), "backend": r.backend})
         labels = arm_labels(arms[BASELINE], arms[CANDIDATE])
         console.print(f"compare {labels[BASELINE]} vs {labels[CANDIDATE]}: order "
-                      f"{' '.join('B' if a == BASELINE else 'C' for a in order)} ({cfg.compare.schedule}"
-                      f"{', the first run a warm-up' if cfg.compare.warmup_replicate else ''}) -> {log.path}")
+                      f"{' '.join('B' if a == BASELINE else 'C' for a in order)} ({r.schedule}"
+                      f"{', the first run a warm-up' if r.warmup else ''}) -> {log.path}")
         if discarded:
             console.print(f"an earlier run left this comparison partial ({discarded} replicates, kept in the "
                           "records): it starts again from scratch, so that one engine process measures it all")
         elif done:
             console.print(f"already measured: all {len(done)} replicates")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)  # the environment is read where the engine runs
-        measure = partial(_measure, slot, context={"comparison": comparison, "schedule": cfg.compare.schedule,
+        measure = partial(_measure, slot, context={"comparison": comparison, "schedule": r.schedule,
                                                    "runs_planned": len(order)},
-                          warmup=cfg.compare.warmup_replicate)
+                          warmup=r.warmup)
         progress = progress_for(console, len(order) - len(done), best=False)
         before = len(log.records)
         try:
@@ -100,11 +71,10 @@ def run(cfg: DictConfig, console: Console) -> int:
         finally:
             progress.stop()
             slot.close()
-        analysis = analyse(records, thresholds, token_tolerance=cfg.compare.token_tolerance, labels=labels,
-                           cost=basis)
-        for line in lines(analysis, thresholds, price):
+        analysis = analyse(records, r.thresholds, token_tolerance=r.token_tolerance, labels=labels, cost=r.basis)
+        for line in lines(analysis, r.thresholds, price):
             console.print(line, highlight=False)
-        paths = write(out, analysis, thresholds, price, plot=cfg.plots)
+        paths = write(out, analysis, r.thresholds, price, plot=r.plots)
     if (note := short_work_note(records)) is not None:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
