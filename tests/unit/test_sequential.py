@@ -168,3 +168,14 @@ def test_a_drop_against_the_best_so_far_accounts_for_its_selection(rivals):
         dropped["plain"] += search_stop("INCONCLUSIVE", candidate, best, alpha) is not None
     assert dropped["plain"] / n > 2 * alpha / 2  # the bias the correction is for: real at these sizes
     assert dropped["selected"] / n <= alpha / 2 + 3 * math.sqrt(alpha / 2 / n)
+
+
+def test_a_best_so_far_known_exactly_needs_no_selection_correction():
+    """The search's reference is the yardstick itself (ratio 1, no standard error): when it is the best so far,
+    it was not selected for a low estimate, so a candidate's drop against it is its own test at alpha."""
+    from throttle_sweep.search.sequential import Stored
+
+    reference, pricier = Stored(1.0, 0.0, 1), Stored(1.05, 0.01, 5)  # 4.9% above it, 2.6 sds at 5 df
+    assert search_stop("INCONCLUSIVE", pricier, reference, 0.05, rivals=20) == \
+        "clearly pricier than the best feasible candidate so far"
+    assert search_stop("INCONCLUSIVE", pricier, Stored(1.0, 0.001, 5), 0.05, rivals=20) is None  # an estimate

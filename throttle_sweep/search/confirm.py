@@ -11,7 +11,7 @@ import optuna
 from throttle_sweep.analysis import Analysis, analyse, analyse_joint, candidate_view
 from throttle_sweep.schedule import BASELINE, joint_arm, joint_schedule, with_warmup
 from throttle_sweep.search.runner import Comparison, Runner, confirms_together
-from throttle_sweep.search.sequential import to_rank
+from throttle_sweep.search.sequential import selected, to_rank
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import broken_constraints, leader, resume_key, trial_summary
 from throttle_sweep.search.winner import Confirmation, choose_winner
@@ -29,12 +29,12 @@ def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
     rounds = [todo]
     if s.sequential and not s.multi_objective and len(todo) > 1:
         best = to_rank(todo[0].user_attrs)
-        rivals = len(view.ranked(len(view.trials())))  # the best is the lowest of these: biased low
+        rivals = len(view.ranked(len(view.trials())))  # the best is the lowest of these
         # at the screens' own alpha (the reference has none of its own: the best's, then the plain one), over
-        # the rivals the best was selected from (sequential.search_stop)
+        # the rivals an estimated best was selected from (sequential.selected)
         later = [t for t in todo[1:] if best and (r := to_rank(t.user_attrs)) and clearly_lower(
-            best, r, (t.user_attrs.get("alpha_per_look") or todo[0].user_attrs.get("alpha_per_look")
-                      or s.thresholds.alpha) / max(1, rivals))]
+            best, r, selected(t.user_attrs.get("alpha_per_look") or todo[0].user_attrs.get("alpha_per_look")
+                              or s.thresholds.alpha, best, rivals))]
         if later:
             rounds = [[t for t in todo if t not in later], later]
     results: list[Confirmation] = []

@@ -66,16 +66,17 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
     futility stop never makes a claim, so it costs no error rate). `needs_saving=False`: the comparison's
     other arm is a feasible candidate (the search's reference), not the baseline, so a saving against it is
     not what makes a candidate eligible; only its rank is, and an undecided verdict may stop for futility too.
-    `rivals`: how many feasible candidates the best so far is the lowest of. Selected as the lowest, its
+    `rivals`: how many feasible candidates the best so far is the lowest of. Selected as the lowest, an
     estimate sits below its true cost, so a drop against it is tested at alpha / rivals (a union bound over
-    them: the chance of dropping a candidate as cheap as all of them stays at most alpha/2)."""
+    them: the chance of dropping a candidate as cheap as all of them stays at most alpha/2). The search's
+    reference (ratio 1, no standard error) is known exactly: a drop against it is the candidate's own test."""
     if estimate is None:
         return "no estimate can be made"
     if verdict == PRICIER or (verdict == NO_DIFFERENCE and needs_saving):
         return f"{verdict}: it cannot win"
     if verdict == NO_DIFFERENCE:  # against the reference: equal within the margin; confirmation ranks it
         return "NO DIFFERENCE from the reference: confirmation ranks it"
-    if best is not None and clearly_lower(best, estimate, alpha / max(1, rivals)):  # type: ignore[arg-type]
+    if best is not None and clearly_lower(best, estimate, selected(alpha, best, rivals)):  # type: ignore[arg-type]
         return "clearly pricier than the best feasible candidate so far"
     if not needs_saving and best is not None and verdict != CHEAPER:
         if estimate.df < 2:  # one residual df (the first B C C B block) says too little of the noise to give up on
@@ -93,6 +94,12 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
         if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
             return "CHEAPER; its rank against the best so far cannot be decided within the plan: confirmation decides"
     return None
+
+
+def selected(alpha: float, best: Ranked, rivals: int) -> float:
+    """The level of a drop against `best`, the lowest of `rivals` (search_stop): alpha / rivals for an estimate,
+    alpha for one known exactly (the reference)."""
+    return alpha / max(1, rivals) if best.se_log > 0 else alpha
 
 
 def confirm_stop(verdict: str, *, ranked: bool) -> str | None:
