@@ -24,7 +24,8 @@ from throttle_sweep.provenance import conflicts, overrides_for, refuse_conflicts
 from throttle_sweep.records import read_records
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
-from throttle_sweep.settings.sections import arm_flags, measured_sections, user_overrides, workload_from
+from throttle_sweep.settings.export import ExportRun, load_export
+from throttle_sweep.settings.sections import arm_flags
 
 
 def recorded_measurement(study: optuna.Study, out: Path) -> dict[str, Any]:
@@ -99,28 +100,22 @@ def move_aside(best: Path) -> Path:
     return kept
 
 
-def check_command_line(cfg: DictConfig, measured: Mapping[str, Any], name: str) -> None:
-    found = conflicts(measured, measured_sections(cfg, workload_from(cfg)), user_overrides())
-    refuse_conflicts(found, what=f"study {name!r} was measured with another configuration",
+def check_command_line(run: ExportRun, measured: Mapping[str, Any]) -> None:
+    found = conflicts(measured, run.composed, run.overrides)
+    refuse_conflicts(found, what=f"study {run.name!r} was measured with another configuration",
                      advice="mode=export takes the engine, workload and baseline from the study: leave these "
                             "keys off, or sweep them under a new study.name")
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    from throttle_sweep.settings.sweep import study_location
-
-    if not cfg.study.name:
-        raise ConfigError("mode=export needs study.name=NAME (the folder under results/)")
-    name, out, storage = study_location(cfg)
-    if cfg.study.storage is None and not (out / "study.db").is_file():
-        raise ConfigError(f"study.name={name!r}: no study at {out / 'study.db'}")
+    wanted = load_export(cfg)
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=wanted.name, storage=wanted.storage)
     except KeyError:
-        raise ConfigError(f"study.name={name!r}: no such study in {storage}") from None
-    check_command_line(cfg, recorded_measurement(study, out), name)
-    with hold(out, what=f"study {name!r}"):  # not while a sweep of it is still writing
-        paths = export_keeping_the_old(study, out, lambda msg: console.print(msg, highlight=False))
+        raise ConfigError(f"study.name={wanted.name!r}: no such study in {wanted.storage}") from None
+    check_command_line(wanted, recorded_measurement(study, wanted.folder))
+    with hold(wanted.folder, what=f"study {wanted.name!r}"):  # not while a sweep of it is still writing
+        paths = export_keeping_the_old(study, wanted.folder, lambda msg: console.print(msg, highlight=False))
     for kind, path in paths.items():
         console.print(f"{kind}: {path}")
     return 0

@@ -29,7 +29,7 @@ def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
     rounds = [todo]
     if s.sequential and not s.multi_objective and len(todo) > 1:
         best = to_rank(todo[0].user_attrs)
-        rivals = len(view.ranked(len(view.trials())))  # the best is the lowest of these
+        rivals = len(view.points())  # the best is the lowest of these
         # at the screens' own alpha (the reference has none of its own: the best's, then the plain one), over
         # the rivals an estimated best was selected from (sequential.selected)
         later = [t for t in todo[1:] if best and (r := to_rank(t.user_attrs)) and clearly_lower(

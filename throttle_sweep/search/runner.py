@@ -188,7 +188,7 @@ class Runner:
             return confirm_stop(analysis.verdict, ranked=comp.ranked)
         if analysis.estimate is not None and broken_constraints(trial_summary(analysis, s), s):
             return "infeasible: it broke a constraint"
-        rivals = self.view.ranked(len(self.view.trials()))  # the best so far is the lowest of these
+        rivals = self.view.points()  # the best so far is the lowest of these
         best = rivals[0] if rivals else None
         warmup = int(s.warmup_replicate)  # the warm-up run is not analysed
         shrink = math.sqrt((len(comp.records) - warmup) / (len(comp.order) - warmup))

@@ -76,6 +76,10 @@ class StudyView:
         ranked = self.ranked(1)
         return ranked[0] if ranked else None
 
+    def points(self) -> list[optuna.trial.FrozenTrial]:
+        """Every distinct feasible point, cheapest first: what an estimated best was selected from."""
+        return self.ranked(len(self.study.trials))
+
     def ranked(self, k: int) -> list[optuna.trial.FrozenTrial]:
         """The k feasible trials with the lowest ratio (distinct configurations: distinct flags, and not the
         same schedule as one ranked higher), never an infeasible or failed one, nor one told another's answer."""
@@ -94,7 +98,7 @@ class StudyView:
 
     def pareto(self) -> list[optuna.trial.FrozenTrial]:
         """Feasible trials no other feasible trial beats on both cost and p95 latency, cheapest first."""
-        points = self.ranked(len(self.study.trials))
+        points = self.points()
         front = [t for t in points if not any(o.values[0] <= t.values[0] and o.values[1] <= t.values[1]
                                               and o.values != t.values for o in points)]
         return sorted(front, key=cost)
