@@ -19,16 +19,7 @@ from throttle_sweep.measure import BEHIND_S
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
-from throttle_sweep.settings.capacity import CapacitySettings, capacity_from
-from throttle_sweep.settings.sections import (
-    engine_from,
-    plain,
-    price_from,
-    run_dir,
-    single_arm,
-    warm_engines_from,
-    workload_from,
-)
+from throttle_sweep.settings.capacity import CapacitySettings, load_capacity
 from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
@@ -37,15 +28,12 @@ MAX_VOID = 3  # runs at one rate that fell behind their schedule, in a row: the 
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    price, engine = price_from(cfg), engine_from(cfg)
-    settings = capacity_from(cfg, workload_from(cfg))
+    r = load_capacity(cfg)
+    settings, price, engine, flags, out = r.settings, r.price, r.engine, r.flags, r.out
     spec, slo = settings.spec, settings.slo
-    flags = single_arm(cfg, engine, spec)
-    warm = warm_engines_from(cfg)
     say = partial(console.print, highlight=False)
-    out = run_dir(cfg)
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
-        claim_run_folder(out, plain(cfg), "capacity")
+        claim_run_folder(out, r.config, "capacity")
         OmegaConf.save(cfg, out / "config.yaml")
         log = RecordLog(out / "replicates.jsonl", say=say)
         search = settings.search
@@ -55,7 +43,7 @@ def run(cfg: DictConfig, console: Console) -> int:
             f"each run's schedule not counted -> {log.path}")
         if search.runs:
             say(f"resuming: {len(search.runs)} runs already measured")
-        slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)
+        slot = WarmSlot(engine, spec, price, run_id=out.name, **r.warm)
         try:
             with stop_on_sigterm():
                 code = measure_all(search, slot, flags, log, settings, say)
@@ -76,7 +64,7 @@ def run(cfg: DictConfig, console: Console) -> int:
     show(knee, say)
     for line in sentences(result, search, slo):
         say(line)
-    if cfg.plots and ok:
+    if r.plots and ok:
         plot(ok, [attainment_share(r, settings) for r in ok], knee, slo, out / "capacity.png")
         say(f"plot: {out / 'capacity.png'}")
     say(f"summary: {out / 'summary.json'}")

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from throttle_sweep.capacity.search import RateSearch
 from throttle_sweep.capacity.slo import Slo
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import Engine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.settings.sections import plain
+from throttle_sweep.settings.sections import (
+    engine_from,
+    plain,
+    price_from,
+    run_dir,
+    single_arm,
+    warm_engines_from,
+    workload_from,
+)
 from throttle_sweep.workload import WorkloadSpec
 
 
@@ -71,3 +82,22 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
                         knee_replicates=c["knee_replicates"], knee_margin=c["knee_margin"], min_rate=low,
                         max_rate=high)
     return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start), float(c["run_s"]))
+
+
+@dataclass(frozen=True)
+class CapacityRun:
+    settings: CapacitySettings
+    price: Price
+    engine: Engine
+    flags: dict[str, Any]  # the one configuration measured: engine flags, or an endpoint
+    warm: dict[str, Any]  # how the slot keeps its engine (settings.sections.warm_engines_from)
+    plots: bool
+    out: Path
+    config: dict[str, Any]  # the whole config, as the run folder records it
+
+
+def load_capacity(cfg: DictConfig) -> CapacityRun:
+    price, engine = price_from(cfg), engine_from(cfg)
+    settings = capacity_from(cfg, workload_from(cfg))
+    return CapacityRun(settings=settings, price=price, engine=engine, flags=single_arm(cfg, engine, settings.spec),
+                       warm=warm_engines_from(cfg), plots=bool(cfg.plots), out=run_dir(cfg), config=plain(cfg))
