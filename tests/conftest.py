@@ -51,3 +51,12 @@ def no_process_left_behind():
     while (left := _ray_and_engine_processes() - before) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"processes left running after the test suite: {sorted(pid for pid, _ in left)}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """A process or integration file's tests share engines, servers and clusters: under `--dist loadgroup` each
+    such file stays on one worker, while the unit tier's tests spread one by one."""
+    for item in items:
+        if item.path.parent.name in ("process", "integration"):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -78,12 +79,23 @@ class FakeOneSlot(PoolBasics):
 
 
 def servers_running() -> list[int]:
-    """vLLM API servers alive on this machine, however they were launched (`vllm serve`, or its module)."""
+    """vLLM API servers alive that this test worker started, however launched (`vllm serve`, or its module),
+    directly, through Ray or orphaned: each inherits its worker's name and this run's mark, so a server that a
+    test on another worker runs at the same time is not counted."""
     import psutil
 
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any(k in " ".join(p.info["cmdline"] or []) for k in ("vllm.entrypoints.openai.api_server",
-                                                                    "vllm.entrypoints.cli.main serve"))]
+    mine = {k: os.environ.get(k) for k in ("PYTEST_XDIST_WORKER", "THROTTLE_SWEEP_TEST_RUN")}
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(k in " ".join(p.info["cmdline"] or []) for k in ("vllm.entrypoints.openai.api_server",
+                                                                "vllm.entrypoints.cli.main serve")):
+            try:
+                env = p.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if all(env.get(k) == v for k, v in mine.items()):
+                found.append(p.pid)
+    return found
 
 
 # backend=server tests: the tiny model with 2 MiB of KV cache, and small fixed work
