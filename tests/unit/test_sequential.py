@@ -111,23 +111,6 @@ def test_against_the_reference_an_undecided_rank_stops_for_futility_and_a_clear_
         "PRICIER: it cannot win"
 
 
-def test_at_the_first_look_the_pooled_noise_lets_an_undecided_rank_stop_for_futility():
-    """At the default size (2 + 2 runs, then 4 + 4) the first look has one own residual df, too little to give up
-    on, and the second is the last: futility never saved a run. With the sweep's pooled noise (many df) the
-    first look can tell an undecidable rank from one more runs can decide. A futility stop makes no claim:
-    confirmation ranks the candidate."""
-    from throttle_sweep.search.sequential import Stored
-
-    reference, half = Stored(1.0, 0.0, 1), math.sqrt(0.5)
-    near, far = Stored(0.99, 0.05, 1), Stored(0.80, 0.05, 1)  # their own (one-df) standard errors
-    why = search_stop("INCONCLUSIVE", near, reference, 0.025, shrink=half, needs_saving=False, pooled_se=0.02)
-    assert why is not None and "cannot be decided within the plan" in why
-    assert search_stop("INCONCLUSIVE", far, reference, 0.025, shrink=half, needs_saving=False, pooled_se=0.02) is None
-    # the pool's noise says the planned runs could decide it: go on
-    assert search_stop("INCONCLUSIVE", Stored(0.95, 0.05, 1), reference, 0.025, shrink=half, needs_saving=False,
-                       pooled_se=0.01) is None
-
-
 @pytest.mark.parametrize("cut", ["interrupted", "slot lost"])
 def test_a_comparison_restarted_after_an_undecided_look_does_not_spend_that_look_again(cut):
     """An earlier run measured a comparison up to its first look (of two), looked, did not stop, and was then

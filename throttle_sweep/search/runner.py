@@ -33,7 +33,7 @@ from throttle_sweep.search.sequential import confirm_stop, look_ends, per_look, 
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import broken_constraints, trial_summary
 from throttle_sweep.signals import deferred, shielded
-from throttle_sweep.stats import Estimate, Prior, Thresholds
+from throttle_sweep.stats import Thresholds
 
 
 class SweepStopped(ThrottleSweepError):
@@ -194,7 +194,7 @@ class Runner:
         shrink = math.sqrt((len(comp.records) - warmup) / (len(comp.order) - warmup))
         return search_stop(analysis.verdict, analysis.estimate, to_rank(best.user_attrs) if best else None,
                            comp.thresholds.alpha, shrink, needs_saving=self.view.findings.reference is None,
-                           rivals=len(rivals), pooled_se=pooled_se(analysis.estimate, prior))
+                           rivals=len(rivals))
 
     def again(self, comp: Comparison) -> None:
         """Say that a comparison stopped by a fault not the candidate's starts again from scratch."""
@@ -301,13 +301,3 @@ class Runner:
         self.progress.step(message, slot=str(comp.slot))
         # a joint comparison's candidates are each the candidate arm of their own view (analysis.candidate_view)
         self.pool.submit(Job(comp.slot, comp.arms[arm], BASELINE if arm == BASELINE else CANDIDATE, position, context))
-
-
-def pooled_se(estimate: Estimate | None, prior: Prior | None) -> float | None:
-    """The estimate's standard error with the pool's residual variance in place of its own (None without a pool
-    or an own variance, and for an estimate already pooled): what a first look's futility stop reads
-    (sequential.search_stop)."""
-    if (estimate is None or prior is None or not estimate.resid_var or not math.isfinite(estimate.se_log)
-            or estimate.df != estimate.resid_df):
-        return None
-    return estimate.se_log * math.sqrt(prior.s2 / estimate.resid_var)

@@ -9,12 +9,13 @@ arm, 1 residual df) cannot see curvature in the drift, which a single block conf
 tolerable for a screen, because confirmation decides. A confirmation is looked at only after complete B C C B
 C B B C pairs, which are balanced against linear drift, curvature and an odd/even rhythm. A search comparison
 stops when its verdict against the baseline is decided and its rank against the best feasible candidate so far
-is too (clearly cheaper or clearly pricier, or out of reach of the planned runs: confirmation ranks those), or
+is too (clearly cheaper or clearly pricier, or out of reach of the planned runs: the best ranked go to
+confirmation), or
 when it can no longer win (PRICIER, NO DIFFERENCE, or clearly pricier than the best). Against the search's
 reference (a feasible candidate, not the baseline) only the rank matters: PRICIER or clearly pricier ends it,
-and an open verdict stops once its rank is out of reach (at the first look only with the sweep's pooled noise:
-one own residual df says too little of it). A confirmation stops when its (also family-adjusted) verdict is
-decided, unless it must still be told apart from other confirmed savings."""
+and an open verdict stops once its rank is out of reach (from the second look on: one residual df says too
+little of the noise). A confirmation stops when its (also family-adjusted) verdict is decided, unless it must
+still be told apart from other confirmed savings."""
 
 from __future__ import annotations
 
@@ -59,16 +60,14 @@ def per_look(thresholds: Thresholds, looks: int, family: int = 1) -> Thresholds:
 
 
 def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alpha: float,
-                shrink: float = 1.0, *, needs_saving: bool = True, rivals: int = 1,
-                pooled_se: float | None = None) -> str | None:
+                shrink: float = 1.0, *, needs_saving: bool = True, rivals: int = 1) -> str | None:
     """Why a search comparison can stop at this look, or None to go on. `shrink`: how much the candidate's
     standard error would shrink by the planned end (sqrt(runs now / runs planned)); if even then the rank
     against the best so far could not be decided, more runs are futile and confirmation decides it (a
-    futility stop never makes a claim, so it costs no error rate). `needs_saving=False`: the comparison's
+    futility stop makes no claim, so it spends no alpha; it can cost the selection, which ranks the candidate on
+the runs it has). `needs_saving=False`: the comparison's
     other arm is a feasible candidate (the search's reference), not the baseline, so a saving against it is
     not what makes a candidate eligible; only its rank is, and an undecided verdict may stop for futility too.
-    `pooled_se`: the estimate's standard error with the sweep's pooled noise in place of its own, for a first
-    look, whose one own df says too little of the noise to give up on (the pool's many do).
     `rivals`: how many feasible candidates the best so far is the lowest of. Selected as the lowest, an
     estimate sits below its true cost, so a drop against it is tested at alpha / rivals (a union bound over
     them: the chance of dropping a candidate as cheap as all of them stays at most alpha/2). The search's
@@ -82,12 +81,9 @@ def search_stop(verdict: str, estimate: Ranked | None, best: Ranked | None, alph
     if best is not None and clearly_lower(best, estimate, selected(alpha, best, rivals)):  # type: ignore[arg-type]
         return "clearly pricier than the best feasible candidate so far"
     if not needs_saving and best is not None and verdict != CHEAPER:
-        se = estimate.se_log
         if estimate.df < 2:  # one residual df (the first B C C B block) says too little of the noise to give up on
-            if pooled_se is None:
-                return None
-            se = pooled_se
-        reach = special.ndtri(1 - alpha / 2) * math.hypot(se * shrink, best.se_log)
+            return None
+        reach = special.ndtri(1 - alpha / 2) * math.hypot(estimate.se_log * shrink, best.se_log)
         if abs(math.log(estimate.ratio) - math.log(best.ratio)) < reach:
             return "its rank against the best so far cannot be decided within the plan: confirmation decides"
         return None
