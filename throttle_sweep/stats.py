@@ -16,6 +16,7 @@ the margin is never CHEAPER when measured loosely and NO DIFFERENCE when measure
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -113,9 +114,42 @@ def lack_of_fit(observations: Sequence[Observation]) -> list[str]:
     kept). The verdict stays the linear model's: with a balanced schedule those patterns do not bias the
     ratio (simulated: coverage holds), so switching models on a pretest would only cost power. If the
     schedule is not balanced against a pattern, the ratio may carry it, and that is said too."""
+    design = drift_design(tuple(float(o.position) for o in observations),
+                          tuple(o.arm == CANDIDATE for o in observations))
+    if design is None:
+        return []
+    kept, linear_hat, extended_hat, unbalanced = design
     y = np.log([o.cost for o in observations])
-    pos = np.array([o.position for o in observations], dtype=float)
-    arm = np.array([o.arm == CANDIDATE for o in observations], dtype=float)
+
+    def sse(hat: np.ndarray) -> float:
+        resid = y - hat @ y
+        return float(resid @ resid)
+
+    linear, extended = sse(linear_hat), sse(extended_hat)
+    df = len(y) - 3 - len(kept)
+    if extended <= 1e-24 * max(linear, 1e-300):
+        return []
+    f = ((linear - extended) / len(kept)) / (extended / df)
+    p = float(special.fdtrc(len(kept), df, f))
+    if p >= LACK_OF_FIT_P:
+        return []
+    out = [f"the run order shows more than linear drift ({' or '.join(kept)}; F-test p = {p:.3f})"]
+    if unbalanced:
+        out[0] += (f"; the schedule is not balanced against the {' and '.join(unbalanced)}, so the ratio may "
+                   "carry it: use compare.schedule=abba with a multiple of 4 replicates")
+    else:
+        out[0] += "; the schedule is balanced against it, so the ratio is not biased by it"
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def drift_design(positions: tuple[float, ...], candidate: tuple[bool, ...]
+                 ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, tuple[str, ...]] | None:
+    """lack_of_fit's models for one run order, which depend on the order alone (cached: a sweep and its
+    calibration studies judge the same few orders many times): the patterns the runs can test, the hat
+    matrices of the linear and the extended model, and the patterns the schedule is not balanced against."""
+    pos = np.array(positions)
+    arm = np.array(candidate, dtype=float)
     pc = pos - pos.mean()
     # the rhythm of the machine is the parity of the run's position (a joint confirmation's view has gaps:
     # its runs' ranks alternate where their positions may not); positions that are not run indices (an
@@ -124,37 +158,20 @@ def lack_of_fit(observations: Sequence[Observation]) -> list[str]:
     if not np.all(pos == np.round(pos)) or np.ptp(parity) == 0:
         parity = np.argsort(np.argsort(pos)) % 2
     extras = {"curvature": pc**2 - (pc**2).mean(), "odd/even rhythm": parity - parity.mean()}
-    cols, kept = [np.ones(len(y)), arm, pc], []
+    cols, kept = [np.ones(len(pos)), arm, pc], []
     for name, col in extras.items():
         trial = np.column_stack([*cols, col])
-        if np.linalg.matrix_rank(trial) == trial.shape[1] and len(y) - trial.shape[1] >= 2:
+        if np.linalg.matrix_rank(trial) == trial.shape[1] and len(pos) - trial.shape[1] >= 2:
             cols.append(col)
             kept.append(name)
     if not kept:
-        return []
-
-    def sse(x: np.ndarray) -> float:
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-        resid = y - x @ coef
-        return float(resid @ resid)
-
-    linear, extended = sse(np.column_stack(cols[:3])), sse(np.column_stack(cols))
-    df = len(y) - len(cols)
-    if extended <= 1e-24 * max(linear, 1e-300):
-        return []
-    f = ((linear - extended) / len(kept)) / (extended / df)
-    p = float(special.fdtrc(len(kept), df, f))
-    if p >= LACK_OF_FIT_P:
-        return []
-    out = [f"the run order shows more than linear drift ({' or '.join(kept)}; F-test p = {p:.3f})"]
+        return None
     centred = arm - arm.mean()
-    unbalanced = [name for name, col in zip(kept, cols[3:], strict=True) if abs(col @ centred) > 1e-9]
-    if unbalanced:
-        out[0] += (f"; the schedule is not balanced against the {' and '.join(unbalanced)}, so the ratio may "
-                   "carry it: use compare.schedule=abba with a multiple of 4 replicates")
-    else:
-        out[0] += "; the schedule is balanced against it, so the ratio is not biased by it"
-    return out
+    unbalanced = tuple(name for name, col in zip(kept, cols[3:], strict=True) if abs(col @ centred) > 1e-9)
+    hats = tuple(x @ np.linalg.pinv(x) for x in (np.column_stack(cols[:3]), np.column_stack(cols)))
+    for hat in hats:
+        hat.setflags(write=False)
+    return tuple(kept), hats[0], hats[1], unbalanced
 
 
 def clearly_lower(a: Estimate, b: Estimate, alpha: float = 0.05) -> bool:
@@ -194,11 +211,19 @@ def replicates_to_decide(est_log: float, se_log: float, n_per_arm: int, t: Thres
     best = max(room)
     if best <= 0 or not math.isfinite(se_log) or se_log <= 0:
         return None
+    hits = np.nonzero(half_widths_per_se(n_per_arm, t.alpha, power, limit) * se_log < best)[0]
+    return int(hits[0] + 1) if hits.size else None
+
+
+@functools.lru_cache(maxsize=256)
+def half_widths_per_se(n_per_arm: int, alpha: float, power: float, limit: int) -> np.ndarray:
+    """replicates_to_decide's half-widths in units of today's SE, after 1..limit more replicates per arm
+    (cached: they depend on the sizes alone, and 400 t quantiles per call were most of its time)."""
     n = np.arange(n_per_arm + 1, n_per_arm + limit + 1)
     df = 2 * n - 3
-    half = (special.stdtrit(df, 1 - t.alpha / 2) + special.stdtrit(df, power)) * se_log * np.sqrt(n_per_arm / n)
-    hits = np.nonzero(half < best)[0]
-    return int(n[hits[0]] - n_per_arm) if hits.size else None
+    half = (special.stdtrit(df, 1 - alpha / 2) + special.stdtrit(df, power)) * np.sqrt(n_per_arm / n)
+    half.setflags(write=False)
+    return half
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ a private local Ray started by the tool, and the faults a long sweep must surviv
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import os
@@ -38,8 +39,8 @@ FAKE = ["backend=fake", "fake.realtime=true", "fake.start_s=0.3", "workload.num_
 NO_PROBES = "study.boundary=none"
 
 
-@pytest.fixture
-def cluster():
+@contextlib.contextmanager
+def two_nodes():
     """Two nodes with two logical GPUs each, in their own temp dir; torn down afterwards."""
     from ray.cluster_utils import Cluster
 
@@ -60,6 +61,21 @@ def cluster():
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One cluster for the module's tests that leave its nodes up (about 7 s of start-up each, saved): each
+    sweep ends its own actors, and a killed actor or engine is the tool's to replace."""
+    with two_nodes() as c:
+        yield c
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of the test's own, for a test that removes a node."""
+    with two_nodes() as c:
+        yield c
 
 
 def run_sweep(tmp_path, *overrides, name="r", console=None):
@@ -228,7 +244,8 @@ def test_an_actor_that_died_idle_is_not_blamed_on_the_next_replicate(cluster, tm
         close()
 
 
-def test_worker_node_killed_mid_sweep_loses_nothing_and_the_sweep_finishes(cluster, tmp_path):
+def test_worker_node_killed_mid_sweep_loses_nothing_and_the_sweep_finishes(own_cluster, tmp_path):
+    cluster = own_cluster
     worker_id = cluster.worker.node_id
     removed = []
 
