@@ -28,9 +28,10 @@ def capacity(tmp_path, seqs: int) -> dict:
 
 def test_eight_in_flight_serve_a_higher_rate_within_the_slo_than_one(tmp_path):
     """One sequence at a time serves 16-token requests one after another; eight share each step. The lowest
-    rate one's single runs broke the SLO at lies below the highest eight's kept it at (alone on this machine:
-    one broke it at 54 req/s, eight kept it up to 256; beside other work on 2 cores: 8.7 and 29)."""
+    rate one's single runs broke the SLO at is at most the highest eight's kept it at: at that rate eight
+    serve what one cannot (alone on this machine: one broke it at 54 req/s, eight kept it up to 256; beside
+    other work on 2 cores: 8.7 and 29, or both at 128 on doubling brackets)."""
     one, eight = capacity(tmp_path, 1), capacity(tmp_path, 8)
     assert one["status"] == eight["status"] == "found", (one, eight)
-    assert one["bracket"][1] < eight["bracket"][0], (one["bracket"], eight["bracket"])
+    assert one["bracket"][1] <= eight["bracket"][0], (one["bracket"], eight["bracket"])
     assert eight["capacity_rps"] is None or eight["capacity_rps"] > one["bracket"][1]
