@@ -99,7 +99,8 @@ def main() -> None:
             noise = [f"fake.noise_sd={args.noise}", f"fake.drift_per_start={args.drift}", f"fake.seed={seed}",
                      f"compare.seed={seed}", f"study.seed={seed}"]
             g = run(Path(tmp), f"grid{seed}", *noise, "study.sampler=grid", "study.n_trials=128", "study.boundary=none",
-                    "study.sequential=false", "study.same_schedule=false", "study.shared_baseline=false")
+                    "study.sequential=false", "study.same_schedule=false", "study.shared_baseline=false",
+                    "study.tiebreak_replicates=0")
             s = run(Path(tmp), f"search{seed}", *noise, f"study.sampler={args.sampler}", f"study.n_trials={args.trials}")
             rows.append((g, s))
             print(f"seed {seed}: grid -> {g[0]} ({g[2]} replicates, {g[1]:.0f} engine-s)   "

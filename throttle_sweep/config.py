@@ -80,6 +80,7 @@ class StudyConf:
     multi_objective: bool = False  # cost and p95 end-to-end latency: report the Pareto front
     confirm_top: int = 2  # best feasible candidates re-measured against the baseline, with fresh replicates
     confirm_replicates: int = 4
+    tiebreak_replicates: int = 8  # runs each of the candidates tied with the winner, against each other (0: none)
     boundary: str | None = "auto"  # probe where preemption starts first: auto | none | a knob of the space
     boundary_settings_max: int = 16  # ... for each setting of the other knobs, if they have at most this many
     sequential: bool = True  # look after every balanced block; stop a comparison once it is decided

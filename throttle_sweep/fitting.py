@@ -17,6 +17,7 @@ class Observation:
     arm: str
     position: float
     cost: float
+    segment: int = 0  # which schedule ran it: a later one (a tie-break) gets its own level and drift
 
 
 def fit(observations: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -96,11 +97,20 @@ class JointFit:
 
 
 def fit_joint(observations: Sequence[Observation]) -> JointFit:
-    """Least squares of log cost on [1, one indicator per arm other than the baseline, position]."""
+    """Least squares of log cost on [1, one indicator per arm other than the baseline, position]. Runs of a
+    later schedule (segment > 0, a tie-break of candidates alone) add their schedule's own level and drift
+    (columns after the first schedule's drift): they inform the arms' contrasts, not their ratio to the
+    baseline, which the first schedule alone runs."""
     arms = tuple(sorted({o.arm for o in observations} - {BASELINE}))
     y = np.log([o.cost for o in observations])
     pos = np.array([o.position for o in observations], dtype=float)
-    x = np.column_stack([np.ones(len(y)), *([o.arm == arm for o in observations] for arm in arms), pos - pos.mean()])
+    seg = np.array([o.segment for o in observations])
+    drifts = []
+    for k in sorted(set(seg.tolist())):
+        mine = seg == k
+        centred = np.where(mine, pos - pos[mine].mean(), 0.0)
+        drifts += [centred] if k == seg.min() else [mine.astype(float), centred]
+    x = np.column_stack([np.ones(len(y)), *([o.arm == arm for o in observations] for arm in arms), *drifts])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     df = len(y) - x.shape[1]
     resid = y - x @ coef

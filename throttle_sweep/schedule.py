@@ -75,7 +75,23 @@ def joint_schedule(candidates: int, replicates: int, *, lead: int = 0) -> list[s
     if not isinstance(replicates, int) or replicates < 2 or replicates % 2:
         raise ConfigError(f"a joint schedule runs mirrored blocks, two runs of each arm: study.confirm_replicates "
                           f"must be even and at least 2, but got {replicates!r}")
-    arms = [BASELINE, *(joint_arm(i) for i in range(candidates))]
+    return mirrored_blocks([BASELINE, *(joint_arm(i) for i in range(candidates))], replicates, lead)
+
+
+def tiebreak_schedule(candidates: int, replicates: int, *, lead: int = 0) -> list[str]:
+    """The candidates a confirmation could not tell apart, run again against each other alone: the joint
+    schedule's mirrored blocks without the baseline (C1 C2 C3 C3 C2 C1, then C3 C2 C1 C1 C2 C3 ...), so every
+    pair is balanced against linear drift and an odd/even rhythm, and no run is spent on the baseline, the
+    slowest arm and not in question here."""
+    if not isinstance(candidates, int) or candidates < 2:
+        raise ConfigError(f"a tie-break needs at least two candidates, but got {candidates!r}")
+    if not isinstance(replicates, int) or replicates < 2 or replicates % 2:
+        raise ConfigError(f"a tie-break runs mirrored blocks, two runs of each candidate: "
+                          f"study.tiebreak_replicates must be even and at least 2 (or 0: none), but got {replicates!r}")
+    return mirrored_blocks([joint_arm(i) for i in range(candidates)], replicates, lead)
+
+
+def mirrored_blocks(arms: list[str], replicates: int, lead: int) -> list[str]:
     order: list[str] = []
     for block in range(replicates // 2):
         turn = (block // 2 + lead) % len(arms)

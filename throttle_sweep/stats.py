@@ -99,9 +99,9 @@ def check_observations(observations: Sequence[Observation], arms: Sequence[str] 
     bad = [o for o in observations if not (math.isfinite(o.cost) and o.cost > 0)]
     if bad:
         raise ConfigError(f"cost must be a positive number, but got {bad[0].cost!r} at position {bad[0].position}")
-    positions = [o.position for o in observations]
+    positions = [(o.segment, o.position) for o in observations]  # each schedule numbers its own runs
     if len(set(positions)) != len(positions):
-        dup = sorted({p for p in positions if positions.count(p) > 1})
+        dup = sorted({p[1] for p in positions if positions.count(p) > 1})
         raise ConfigError(f"run positions must be unique, but {dup} occur more than once")
 
 
@@ -336,7 +336,7 @@ def estimate_joint(observations: Sequence[Observation], thresholds: Thresholds =
         view = [Observation(BASELINE if o.arm == BASELINE else CANDIDATE, o.position, o.cost)
                 for o in observations if o.arm in (BASELINE, arm)]
         effect, se, df = joint.effect(arm)
-        out[arm] = judged(effect, se, df, float(joint.coef[-1]), view, thresholds)
+        out[arm] = judged(effect, se, df, float(joint.coef[1 + len(joint.arms)]), view, thresholds)
     return out
 
 

@@ -22,6 +22,11 @@ def test_the_projection_counts_each_arm_at_its_own_run_time():
     separate = project(trials=0, replicates=4, warmup=True, confirm=2, confirm_replicates=4, joint=False, slots=1,
                        baseline_s=10.0, yardstick_s=2.0, candidate_s=1.0, usd_per_s=1.0)
     assert separate.runs == 2 * (2 * 4 + 1) and separate.engine_s == pytest.approx(2 * (40 + 4 + 10))
+    # "up to": a tie-break among all the jointly confirmed (candidate runs alone), should confirmation need one
+    tie = project(trials=2, replicates=4, warmup=False, confirm=2, confirm_replicates=4, joint=True, slots=2,
+                  baseline_s=10.0, yardstick_s=2.0, candidate_s=1.0, usd_per_s=0.01, tiebreak_replicates=8)
+    assert tie.runs == plan.runs + 2 * 8 and tie.engine_s == pytest.approx(plan.engine_s + 2 * 8 * 1.0)
+    assert tie.wall_s == pytest.approx(plan.wall_s + 16.0)
 
 
 DEMO = ["backend=fake", "+experiment=demo", "slots=1", "plots=false"]

@@ -112,7 +112,8 @@ def test_a_sweep_measures_a_schedule_once_and_confirms_it_once(tmp_path):
 def test_merging_schedules_can_be_turned_off(tmp_path):
     study, records = two_knob_sweep(tmp_path, "[2048,4096,8192]", "off", "study.same_schedule=false")
     assert not [t for t in study.trials if t.user_attrs.get("source") == "schedule"]
-    assert {r["stage"] for r in records} == {"probe", "search", "confirm"}
+    # (twins confirmed side by side cost the same: a tie-break among them is what the winner rule does then)
+    assert {r["stage"] for r in records} - {"tiebreak"} == {"probe", "search", "confirm"}
     assert not [r for r in records if r["key"].startswith("schedule probe")]
 
 

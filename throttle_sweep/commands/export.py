@@ -59,7 +59,7 @@ def export_winner(study: optuna.Study, out: Path, *, into: Path | None = None) -
     summary = {"ratio_vs_baseline": winner["ratio"], "ci": winner["ci"], "trial": winner["trial"],
                "baseline": measured["baseline"], "workload": measured["workload"], "study": study.study_name,
                "usd_per_gpu_hour_assumed": cost.get("usd_per_gpu_hour"), "gpus": cost.get("gpus"),
-               **{k: winner[k] for k in ("p_best", "p_within_margin") if k in winner}}
+               **{k: winner[k] for k in ("p_best", "p_within_margin", "tiebreak") if k in winner}}
     remeasure = {"backend": measured["backend"], "engine": {**measured["engine"], **winner["params"]},
                  "workload": measured["workload"], **({"cost": cost} if cost else {})}
     return export_best((into or out) / "best", engine_flags=flags, params=winner["params"], summary=summary,

@@ -119,7 +119,9 @@ def run_locked(run: SweepRun, console: Console) -> int:
                                    "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],
                                    "key": resume_key(study.trials[result.winner.source_trial]),
                                    **({"p_best": sure.best, "p_within_margin": sure.within}
-                                      if (sure := result.certainty) is not None else {})})
+                                      if (sure := result.certainty) is not None else {}),
+                                   **({"tiebreak": {"trials": tie.trials, "runs_each": tie.replicates}}
+                                      if (tie := result.tiebreak) is not None and tie.observations else {})})
     paths = export_keeping_the_old(study, out, say)
     say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['cmd']}")
     return 0

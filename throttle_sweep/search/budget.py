@@ -52,6 +52,7 @@ def projected(runner: Runner) -> Plan | None:
     k = s.confirm_top
     return project(trials=max(0, s.n_trials - view.measured_trials()), replicates=s.replicates,
                    warmup=s.warmup_replicate, confirm=k, confirm_replicates=s.confirm_replicates,
+                   tiebreak_replicates=s.tiebreak_replicates,
                    joint=k > 1 and confirms_together(s, runner.pool, k), slots=len(runner.pool.slots),
                    baseline_s=baseline_s, yardstick_s=mean(at_reference, baseline_s),
                    candidate_s=mean(clean, baseline_s),

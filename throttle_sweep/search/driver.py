@@ -1,5 +1,6 @@
 """The sweep, in order: probes (the preemption boundary, the yardstick), the projection of what the rest
-costs, the search (the Optuna loop), confirmation of the best few against the baseline, and the winner.
+costs, the search (the Optuna loop), confirmation of the best few against the baseline, a tie-break among
+confirmed savings it could not tell apart, and the winner.
 Each stage lives in its own module and hands its comparisons to the runner, the only writer of records;
 what the stages learn is kept in one `StudyView`.
 
@@ -27,6 +28,7 @@ from throttle_sweep.search.runner import Runner
 from throttle_sweep.search.schedules import ScheduleIndex
 from throttle_sweep.search.screen import Screen
 from throttle_sweep.search.state import StudyView
+from throttle_sweep.search.tiebreak import TieBreak, break_tie, tiebreak_needed
 from throttle_sweep.search.trials import told_reference
 from throttle_sweep.search.winner import Certainty, Confirmation, choose_winner, how_sure
 
@@ -41,6 +43,7 @@ class SweepResult:
     cost_basis: str = "steady"  # which cost per token the ratios judge
     tied: list[Confirmation] = field(default_factory=list)  # confirmed savings the winner could not be told from
     certainty: Certainty | None = None  # how sure the pick is (None: no rival to be surer than)
+    tiebreak: TieBreak | None = None  # the runs that broke a tie among confirmed savings (None: no tie to break)
 
 
 class Sweep:
@@ -70,10 +73,15 @@ class Sweep:
         self.search(plan)
         confirmations = self.confirm()
         winner, tied = choose_winner(confirmations, s.thresholds.alpha)
-        sure = how_sure(winner, confirmations, s.thresholds.claim) if winner is not None else None
+        tie = break_tie(runner, view, [winner, *tied]) if tiebreak_needed(winner, tied, s.tiebreak_replicates) \
+            else None
+        runs = tie.observations if tie is not None else []
+        if runs:
+            winner, tied = choose_winner(confirmations, s.thresholds.alpha, tiebreak=runs)
+        sure = how_sure(winner, confirmations, s.thresholds.claim, tiebreak=runs) if winner is not None else None
         return SweepResult(view.study, confirmations, winner, runner.records,
                            pareto=view.pareto() if s.multi_objective else [], cost_basis=s.cost_basis, tied=tied,
-                           certainty=sure)
+                           certainty=sure, tiebreak=tie)
 
     def find_boundaries(self) -> None:
         find_boundaries(self.runner, self.view)

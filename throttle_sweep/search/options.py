@@ -25,6 +25,7 @@ class SweepSettings:
     schedule_seed: int = 0
     confirm_top: int = 2
     confirm_replicates: int = 4
+    tiebreak_replicates: int = 8  # runs of each candidate tied with the winner, against each other (0: none)
     token_tolerance: float = 0.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     multi_objective: bool = False  # minimise cost ratio and p95 end-to-end latency; report the Pareto front

@@ -29,11 +29,13 @@ class Plan:
 
 
 def project(*, trials: int, replicates: int, warmup: bool, confirm: int, confirm_replicates: int, joint: bool,
-            slots: int, baseline_s: float, yardstick_s: float, candidate_s: float, usd_per_s: float) -> Plan:
+            slots: int, baseline_s: float, yardstick_s: float, candidate_s: float, usd_per_s: float,
+            tiebreak_replicates: int = 0) -> Plan:
     """`trials` search comparisons (up to `replicates` runs of the yardstick and of a candidate each, a warm-up
     run first if `warmup`), then `confirm` candidates against the baseline (one joint schedule, or one each);
     `*_s` are engine-seconds per run of each arm, `usd_per_s` the price of an engine-second. Search runs on
-    every slot at once; confirmation runs alone."""
+    every slot at once; confirmation runs alone, and so does a tie-break among the jointly confirmed, should
+    they tie (`tiebreak_replicates` candidate runs each: counted, since the plan says "up to")."""
     trial_s = replicates * (yardstick_s + candidate_s) + (yardstick_s if warmup else 0.0)
     search_s = trials * trial_s
     groups = 1 if joint else confirm
@@ -41,6 +43,10 @@ def project(*, trials: int, replicates: int, warmup: bool, confirm: int, confirm
                  + (groups * baseline_s if warmup else 0.0)) if confirm else 0.0
     runs = trials * (2 * replicates + warmup) + ((groups + confirm) * confirm_replicates + groups * warmup
                                                  if confirm else 0)
+    tie = joint and confirm > 1 and tiebreak_replicates > 0
+    tie_s = confirm * tiebreak_replicates * candidate_s + (candidate_s if warmup else 0.0) if tie else 0.0
+    runs += confirm * tiebreak_replicates + warmup if tie else 0
+    confirm_s += tie_s
     engine_s = search_s + confirm_s
     return Plan(runs, engine_s, search_s / max(1, slots) + confirm_s, engine_s * usd_per_s, trial_s * usd_per_s,
                 trial_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe, ordered
 from throttle_sweep.search.driver import SweepResult
 from throttle_sweep.search.trials import cost, feasible, told_reference
-from throttle_sweep.search.winner import WINNER_RULE, Confirmation
+from throttle_sweep.search.winner import WINNER_RULE, Confirmation, arm_of, joint_fit_of
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
@@ -154,6 +155,20 @@ def confirmation_line(c: Confirmation) -> str:
     return line
 
 
+def tiebreak_line(result: SweepResult) -> str:
+    tie = result.tiebreak
+    head = (f"tie-break: trials {', '.join(map(str, tie.trials))} (no direct contrast told them apart) ran again "
+            f"against each other alone, {tie.replicates} runs each")
+    contenders = [c for c in result.confirmations if c.source_trial in tie.trials]
+    fitted = joint_fit_of(contenders, tie.observations) if tie.observations else None
+    if fitted is None:
+        why = f"failed ({tie.failed})" if tie.failed else "no fit"
+        return f"{head}: {why}; the confirmation's ranking stands"
+    ratios = sorted((math.exp(fitted.effect(arm_of(c))[0]), c.source_trial) for c in contenders)
+    return (f"{head}; one fit over these and their confirmation's runs ranks them (ratio to the baseline): "
+            + ", ".join(f"trial {n} {r:.3f}" for r, n in ratios) + "; the lowest wins, its claim is its confirmation's")
+
+
 def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     rows = trial_rows(result.study)
     versus = yardstick(result.study)
@@ -191,6 +206,8 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     out.extend(confirmation_line(c) for c in result.confirmations)
     if result.confirmations:
         out.append(WINNER_RULE)
+    if result.tiebreak is not None:
+        out.append(tiebreak_line(result))
     if result.tied:
         out.append("tied with the winner (no direct contrast tells them apart): " + ", ".join(
             f"trial {c.source_trial} {fmt_params(c.params)}" for c in result.tied))
@@ -203,9 +220,10 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
                    f"{100 * (est.ci_high - 1):+.1f}%) vs {baseline_words(base)}, ${min(cand):.4f}-${max(cand):.4f}/M "
                    "output tokens in confirmation")
         if (sure := result.certainty) is not None:
+            fits = " and the tie-break's" if result.tiebreak is not None and result.tiebreak.observations else ""
             out.append(f"how sure: the cheapest of the {sure.rivals + 1} confirmed in {100 * sure.best:.0f}% of draws "
-                       f"from the confirmation's fits, within the {100 * sure.margin:g}% margin of the cheapest in "
-                       f"{100 * sure.within:.0f}% (a flat prior on each ratio)")
+                       f"from the confirmation's fits{fits}, within the {100 * sure.margin:g}% margin of the cheapest "
+                       f"in {100 * sure.within:.0f}% (a flat prior on each ratio)")
         same = [t for t in result.study.get_trials(deepcopy=False)
                 if t.user_attrs.get("same_schedule_as") == f"trial {result.winner.source_trial}"]
         if same:

@@ -37,17 +37,25 @@ class Confirmation:
         return (self.adjusted or self.analysis).verdict == CHEAPER
 
 
-def joint_fit_of(group: Sequence[Confirmation]) -> JointFit | None:
+def arm_of(c: Confirmation) -> str:
+    """A confirmed candidate's arm in a fit over several (and in a tie-break's observations)."""
+    return f"trial-{c.source_trial}"
+
+
+def joint_fit_of(group: Sequence[Confirmation], tiebreak: Sequence[Observation] = ()) -> JointFit | None:
     """One fit over the runs of candidates confirmed on one joint schedule, and the baseline's (arms named by
-    their source trials), or None when too few runs are left to fit."""
+    their source trials), with a tie-break's runs of some of them (their own schedule, level and drift), or
+    None when too few runs are left to fit."""
     first = group[0].analysis
     runs = {r["position"]: Observation(BASELINE, r["position"], first.cost_of(r)) for r in first.replicates(BASELINE)}
     for c in group:
-        runs.update({r["position"]: Observation(f"trial-{c.source_trial}", r["position"], c.analysis.cost_of(r))
+        runs.update({r["position"]: Observation(arm_of(c), r["position"], c.analysis.cost_of(r))
                      for r in c.analysis.replicates(CANDIDATE)})
+    mine = {arm_of(c) for c in group}
+    observations = [*runs.values(), *(o for o in tiebreak if o.arm in mine)]
     with contextlib.suppress(ThrottleSweepError, ValueError, np.linalg.LinAlgError):
-        check_observations(list(runs.values()), [BASELINE, *(f"trial-{c.source_trial}" for c in group)])
-        fitted = fit_joint(list(runs.values()))
+        check_observations(observations, [BASELINE, *mine])
+        fitted = fit_joint(observations)
         if fitted.df > 0:
             return fitted
     return None
@@ -61,12 +69,12 @@ def cheaper_than(a: Confirmation, b: Confirmation, alpha: float) -> bool:
     contrast of ratios, 82% by a's runs against b's alone, 88% this way). Otherwise, the contrast of the two
     ratios to the baseline (clearly_lower)."""
     if a.shared and a.shared == b.shared and (fitted := joint_fit_of([a, b])) is not None:
-        diff, se, df = fitted.contrast(f"trial-{a.source_trial}", f"trial-{b.source_trial}")
+        diff, se, df = fitted.contrast(arm_of(a), arm_of(b))
         return diff + t_quantile(1 - alpha / 2, df) * se < 0
     return clearly_lower(a.analysis.estimate, b.analysis.estimate, alpha)
 
 
-def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
+def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05, tiebreak: Sequence[Observation] = ()
                   ) -> tuple[Confirmation | None, list[Confirmation]]:
     """The winner rule, and the candidates it could not tell the winner from. Eligible: confirmed savings
     (the adjusted interval below 1 - margin, a CHEAPER) that kept every constraint in confirmation too. The
@@ -83,7 +91,31 @@ def choose_winner(confirmations: Sequence[Confirmation], alpha: float = 0.05
         return c.analysis.estimate
 
     lowest = min(eligible, key=lambda c: est(c).ratio)
-    return lowest, [c for c in eligible if c is not lowest and not cheaper_than(lowest, c, alpha)]
+    tied = [c for c in eligible if c is not lowest and not cheaper_than(lowest, c, alpha)]
+    if tiebreak and tied:
+        return broken_tie([lowest, *tied], tiebreak, alpha) or (lowest, tied)
+    return lowest, tied
+
+
+def broken_tie(contenders: Sequence[Confirmation], tiebreak: Sequence[Observation], alpha: float
+               ) -> tuple[Confirmation, list[Confirmation]] | None:
+    """The winner and the ones still tied with it, ranked on one fit over the tie-break's runs and the joint
+    confirmation's (None: they did not share one, or the runs do not fit). Each contender's claim against the
+    baseline stays its confirmation's: a tie-break reorders confirmed savings, it makes none."""
+    ran = {o.arm for o in tiebreak}
+    if not (contenders[0].shared and all(c.shared == contenders[0].shared and arm_of(c) in ran
+                                         for c in contenders)):
+        return None
+    fitted = joint_fit_of(contenders, tiebreak)
+    if fitted is None:
+        return None
+    pick = min(contenders, key=lambda c: fitted.effect(arm_of(c))[0])
+
+    def told_apart(c: Confirmation) -> bool:
+        diff, se, df = fitted.contrast(arm_of(pick), arm_of(c))
+        return diff + t_quantile(1 - alpha / 2, df) * se < 0
+
+    return pick, [c for c in contenders if c is not pick and not told_apart(c)]
 
 
 WINNER_RULE = ("winner rule: among confirmed savings (adjusted interval wholly below 1 - margin) that kept every "
@@ -103,7 +135,7 @@ class Certainty:
 
 
 def how_sure(winner: Confirmation, confirmations: Sequence[Confirmation], margin: float, draws: int = 20_000,
-             seed: int = 0) -> Certainty | None:
+             seed: int = 0, tiebreak: Sequence[Observation] = ()) -> Certainty | None:
     """None when the winner has no rival that kept every constraint, or a fit has no noise estimate.
     Candidates confirmed on one joint schedule are drawn together, from one fit's effects and covariance (their
     shared baseline runs make their difference surer than either ratio); others independently, each its t."""
@@ -116,9 +148,9 @@ def how_sure(winner: Confirmation, confirmations: Sequence[Confirmation], margin
     rng = np.random.default_rng(seed)
     drawn: dict[int, np.ndarray] = {}
     for group in groups.values():
-        fitted = joint_fit_of(group) if len(group) > 1 else None
+        fitted = joint_fit_of(group, tiebreak) if len(group) > 1 else None
         if fitted is not None:
-            arms = [f"trial-{c.source_trial}" for c in group]
+            arms = [arm_of(c) for c in group]
             mean, cov, df = effects(fitted, arms)
             if not (np.all(np.isfinite(cov)) and df > 0):
                 return None

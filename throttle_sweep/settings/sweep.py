@@ -143,6 +143,9 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
     for key in ("n_trials", "confirm_replicates"):
         if s[key] is None or s[key] < (1 if key == "n_trials" else 2):
             raise ConfigError(f"study.{key} must be at least {1 if key == 'n_trials' else 2}, but got {s[key]!r}")
+    if not isinstance(s.tiebreak_replicates, int) or s.tiebreak_replicates < 0 or s.tiebreak_replicates % 2:
+        raise ConfigError(f"study.tiebreak_replicates runs mirrored blocks, two runs of each tied candidate: it must "
+                          f"be an even number, or 0 for none, but got {s.tiebreak_replicates!r}")
     if s.confirm_top < 0 or s.max_preemptions < 0:
         raise ConfigError("study.confirm_top and study.max_preemptions must be >= 0")
     for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_tpot_s", "max_p95_itl_s"):
@@ -157,7 +160,8 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
         cost_basis=cost_basis_from(cfg), schedule=cfg.compare.schedule,
         replicates=cfg.compare.replicates, schedule_seed=cfg.compare.seed, confirm_top=s.confirm_top,
         warmup_replicate=cfg.compare.warmup_replicate,
-        confirm_replicates=s.confirm_replicates, token_tolerance=cfg.compare.token_tolerance,
+        confirm_replicates=s.confirm_replicates, tiebreak_replicates=s.tiebreak_replicates,
+        token_tolerance=cfg.compare.token_tolerance,
         thresholds=thresholds_from(cfg), multi_objective=s.multi_objective,
         boundary_settings_max=s.boundary_settings_max, sequential=s.sequential, same_schedule=s.same_schedule,
         reference=s.reference, shared_baseline=s.shared_baseline, pooled_noise=s.pooled_noise)
