@@ -37,6 +37,7 @@ class WorkloadConf:
     seed: int = 0
     vocab_limit: int = 1000
     replicate_s: float | None = None  # size the work by time, from one calibration run of the baseline
+    target_rps: float | None = None  # a goodput sweep: the traffic to serve, which sizes the replicas
 
 
 @dataclass
@@ -67,6 +68,7 @@ class CompareConf:
 @dataclass
 class StudyConf:
     name: str | None = None  # null: "sweep-<space>"; the same name resumes the study
+    objective: str = "cost"  # cost (fixed work, closed loop) | goodput (cost at capacity within the slo)
     storage: str | None = None  # any Optuna storage URL; null: sqlite under results/<name>/
     sampler: str = "tpe"  # tpe | gp | random | grid
     n_trials: int = 10

@@ -15,6 +15,7 @@ from throttle_sweep.compare import fault_of, retry_key
 
 COMPARISON, PROBE, MEASURE, CALIBRATION, CAPACITY = "comparison", "probe", "measure", "calibration", "capacity"
 TIEBREAK = "tiebreak"  # candidates' runs against each other alone: no comparison with a baseline
+GOODPUT = ("goodput-screen", "goodput-confirm")  # runs at arrival rates, one configuration each
 
 
 @dataclass
@@ -47,7 +48,7 @@ def inventory(records: Sequence[Mapping[str, Any]], *, stem: str) -> list[Entry]
         first = group[0]
         if all(r["arm"] == MEASURE for r in group):
             entries.append(Entry(cid or MEASURE, MEASURE, MEASURE, None, group))
-        elif first.get("stage") in (PROBE, CALIBRATION, CAPACITY, TIEBREAK):
+        elif first.get("stage") in (PROBE, CALIBRATION, CAPACITY, TIEBREAK, *GOODPUT):
             entries.append(Entry(cid or first["stage"], first["stage"], first["stage"], first.get("key"), group))
         else:
             stage = first.get("stage") or ("compare" if "schema_version" in first else None)

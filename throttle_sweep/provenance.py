@@ -154,7 +154,12 @@ RUN_KEYS = {
     "sweep": ("mode", "backend"),  # a study checks the rest itself (commands/sweep.same_measurement)
     "capacity": ("mode", "backend", "engine", "workload", "cost", "slo", "capacity", "compare.restart",
                  "compare.restart_every", "compare.engine_warmup"),
+    # (workload.target_rps only sizes the replicas: another one reads the same runs again)
+    "goodput": ("mode", "backend", "engine", "baseline", "space", "workload", "cost", "slo", "capacity",
+                "study.objective", "study.seed", "study.confirm_top", "compare.restart", "compare.restart_every",
+                "compare.engine_warmup"),
 }
+NOT_MEASURED = {"workload.target_rps"}
 
 
 def run_configuration(config: Mapping[str, Any], mode: str) -> dict[str, Any]:
@@ -162,7 +167,8 @@ def run_configuration(config: Mapping[str, Any], mode: str) -> dict[str, Any]:
     for key in RUN_KEYS[mode]:
         value = lookup(config, key)
         flat.update(flatten({key: value}) if isinstance(value, Mapping) else {key: value})
-    return {k: v for k, v in flat.items() if v is not None}  # a null flag is vLLM's default, as if absent
+    # a null flag is vLLM's default, as if absent
+    return {k: v for k, v in flat.items() if v is not None and k not in NOT_MEASURED}
 
 
 def claim_run_folder(out: Path, config: Mapping[str, Any], mode: str) -> None:

@@ -12,19 +12,18 @@ from rich.console import Console
 
 from throttle_sweep.capacity.knee import Knee, fit_knee
 from throttle_sweep.capacity.report import plot, sentences, summary
+from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line, usable
 from throttle_sweep.capacity.search import FOUND, RateSearch
 from throttle_sweep.capacity.slo import attainment
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import BEHIND_S
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.settings.capacity import CapacitySettings, load_capacity
-from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
+from throttle_sweep.signals import shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
 STAGE = "capacity"
-MAX_VOID = 3  # runs at one rate that fell behind their schedule, in a row: the client cannot offer that rate
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -72,7 +71,7 @@ def run(cfg: DictConfig, console: Console) -> int:
 
 
 def measured(record: dict[str, Any]) -> bool:
-    return record.get("stage") == STAGE and record.get("status") == "ok" and not record.get("void")
+    return usable(record, STAGE)
 
 
 def attainment_share(record: dict[str, Any], settings: CapacitySettings) -> float:
@@ -98,31 +97,18 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
     """Run the rates the search asks for, each record written as it comes; 1 when a run fails."""
     while (step := search.next()) is not None:
         rate, stage = step
-        for _ in range(MAX_VOID):
-            record = slot.measure(flags, STAGE, len(log.records), {"stage": STAGE, "search_stage": stage},
-                                  workload=settings.at(rate))
-            behind = (record.get("lateness_s") or {}).get("beyond_steps_p99") or 0.0
-            if record["status"] == "ok" and behind > max(BEHIND_S, 0.05 * (settings.slo.p95_ttft_s or 0.0)):
-                record["void"] = (f"the client fell behind its arrival schedule (p99 {behind * 1e3:.0f} ms beyond "
-                                  "the engine's steps): the run says nothing of the engine")
-            with deferred():
-                log.append(record)
-            if record["status"] != "ok":
-                say(f"[red]the run at {rate:g} req/s failed: {record.get('reason')}[/]; the runs so far are kept")
-                return 1
-            if not record.get("void"):
-                break
-            say(f"[yellow]void:[/] {record['void']}; again at {rate:g} req/s")
-        else:
-            say(f"[red]the client could not keep to {rate:g} requests/s in {MAX_VOID} runs[/]: this machine cannot "
-                "offer that load; measure from a faster client, or lower capacity.max_rate")
+        try:
+            record = measure_rate(slot, flags, rate, {"stage": STAGE, "search_stage": stage}, log, settings, STAGE,
+                                  say)
+        except ClientTooSlow as exc:
+            say(f"[red]{exc}[/]")
             return 1
-        met, counted = attainment(record, settings.slo, settings.settle_share)
+        if record["status"] != "ok":
+            say(f"[red]the run at {rate:g} req/s failed: {record.get('reason')}[/]; the runs so far are kept")
+            return 1
+        met, counted = met_of(record, settings)
         search.tell(rate, met, counted, stage)
-        lat = record["latency_s"]
-        say(f"  {stage:7}  {rate:9.4g} req/s  attainment {met / counted:6.1%} ({met}/{counted})  p95 TTFT "
-            f"{lat['ttft']['p95'] * 1e3:8.1f} ms  p95 TPOT {lat['tpot']['p95'] * 1e3:7.2f} ms  "
-            f"{'holds' if search.holds(search.runs[-1]) else 'fails'}")
+        say(run_line(stage, rate, record, met, counted, search.holds(search.runs[-1])))
     return 0
 
 

@@ -30,6 +30,7 @@ from throttle_sweep.search.driver import Sweep
 from throttle_sweep.search.report import baseline_words, lines, write_report
 from throttle_sweep.search.runner import BaselineFails, SweepStopped
 from throttle_sweep.search.trials import resume_key, same_yardstick
+from throttle_sweep.settings.goodput import objective_of
 from throttle_sweep.settings.sections import arm_flags
 from throttle_sweep.settings.sweep import SweepRun, load_sweep, space_extremes
 from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
@@ -50,6 +51,10 @@ def make_sampler(run: SweepRun, parallel: bool, offset: int = 0) -> optuna.sampl
 
 
 def run(cfg: DictConfig, console: Console) -> int:
+    if objective_of(cfg) == "goodput":  # the production question: capacity within an SLO (capacity/sweep.py)
+        from throttle_sweep.commands import goodput
+
+        return goodput.run(cfg, console)
     sweep_run = load_sweep(cfg)  # every check, before anything starts
     for note in sweep_run.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)

@@ -34,7 +34,8 @@ def price_from(cfg: DictConfig) -> Price:
 
 def workload_from(cfg: DictConfig) -> WorkloadSpec:
     """The workload; ShareGPT text is counted with the named model's tokenizer unless another is named."""
-    given = plain(cfg.workload)
+    # (target_rps is the traffic a fleet serves, not a run's: settings/goodput.py reads it)
+    given = {k: v for k, v in plain(cfg.workload).items() if k != "target_rps"}
     unknown = sorted(set(given) - {f.name for f in fields(WorkloadSpec)})
     if unknown:  # `+workload.KEY=...` adds a key the schema does not know
         near = {k: nearest(k, [f.name for f in fields(WorkloadSpec)], n=1) for k in unknown}

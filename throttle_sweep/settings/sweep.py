@@ -70,6 +70,9 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
     """Every check a sweep needs, in one pass; raises ConfigError naming the key that is wrong."""
     if cfg.space is None:
         raise ConfigError("a sweep needs a search space: add +space=batching (or memory, scheduler, or your own)")
+    if cfg.workload.target_rps is not None:
+        raise ConfigError("workload.target_rps sizes the replicas of a goodput sweep: add study.objective=goodput "
+                          "and an SLO (slo.p95_ttft_s, slo.p95_tpot_s), or leave it unset")
     if cfg.backend == "endpoint":
         endpoint_arms(cfg)  # refuses: a sweep sets flags, and a server someone else runs takes none
     price, spec, engine = price_from(cfg), workload_from(cfg), engine_from(cfg)

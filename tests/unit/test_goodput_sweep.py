@@ -1,0 +1,116 @@
+"""study.objective=goodput on the fake engine (#26): the flags that keep a latency SLO at the lowest cost per
+million output tokens, confirmed on fresh interleaved runs, with the replicas a target rate needs; a resume,
+an SLO nobody keeps, and bad input refused before any engine starts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.capacity.knee import Knee
+from throttle_sweep.capacity.pick import Costed, pick
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.cost import Price
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.records import read_records
+
+# the fake serves more requests a second with more sequences at once: its capacity rises with max_num_seqs
+SMALL = ("backend=fake", "+space=batching", "study.objective=goodput", "workload=open_loop",
+         "workload.num_requests=100", "capacity.run_s=5", "capacity.knee_rates=4", "slo.p95_ttft_s=0.2",
+         "slo.p95_tpot_s=0.05", "space.max_num_seqs.high=16", "space.max_num_batched_tokens.choices=[2048]",
+         "study.n_trials=4", "fake.noise_sd=0.02", "plots=false", "study.name=g")
+
+
+def run(tmp_path, *args):
+    console = Console(record=True, width=250)
+    code = sweep_cmd.run(compose_cfg(*SMALL, *args, tmp_path=tmp_path), console)
+    return code, console.export_text()
+
+
+def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_target(tmp_path):
+    code, said = run(tmp_path, "workload.target_rps=40")
+    assert code == 0, said
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    screened = {s["config"]: s for s in summary["screen"]}
+    winner = summary["winner"]
+    # the most sequences at once serves the most; it was confirmed, and it wins
+    most = max((s for s in summary["screen"] if s["config"] != "baseline"), key=lambda s: s["params"]["max_num_seqs"])
+    assert winner["config"] == most["config"] and screened[winner["config"]]["capacity_rps"] > 0
+    confirmed = [c for c in summary["confirmed"] if c["config"] != "baseline"]
+    assert winner["capacity_rps"] == max(c["capacity_rps"] for c in confirmed)
+    low, high = winner["capacity_ci"]
+    assert (low or 0) <= winner["capacity_rps"] <= (high or math.inf)
+    fleet = winner["fleet"]
+    assert fleet["replicas"] == math.ceil(40 / winner["capacity_rps"]) == fleet["gpus"]
+    assert fleet["usd_per_hour"] == pytest.approx(1.39 * fleet["replicas"])
+    assert winner["usd_per_mtok_at_capacity"] == pytest.approx(
+        1.39 / 3600 / (winner["capacity_rps"] * 0.9 * 128) * 1e6)  # 128 output tokens a request (open_loop)
+    assert f"for 40 req/s: {fleet['replicas']} replicas" in said
+    # the confirmation's runs interleave: at each rate step, every confirmed configuration runs before the next
+    runs = [r for r in read_records(tmp_path / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
+    k = len(summary["confirmed"])
+    assert len(runs) == k * 4 * 4  # 4 knee rates x 4 passes each
+    assert all(len({r["config"] for r in runs[i:i + k]}) == k for i in range(0, len(runs), k))
+    best = json.loads((tmp_path / "g" / "best" / "best.json").read_text())
+    assert best["fleet"]["replicas"] == fleet["replicas"] and best["params"] == winner["params"]
+    assert f"max-num-seqs: {winner['params']['max_num_seqs']}" in (tmp_path / "g" / "best" / "vllm_config.yaml").read_text()
+
+
+def test_a_rerun_measures_nothing_again_and_another_target_reads_the_same_runs(tmp_path):
+    assert run(tmp_path, "workload.target_rps=40")[0] == 0
+    records = len(read_records(tmp_path / "g" / "replicates.jsonl"))
+    first = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
+    code, said = run(tmp_path, "workload.target_rps=400")
+    assert code == 0, said
+    assert len(read_records(tmp_path / "g" / "replicates.jsonl")) == records
+    again = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
+    assert again["capacity_rps"] == first["capacity_rps"]
+    assert again["fleet"]["replicas"] == math.ceil(400 / again["capacity_rps"])
+
+
+def test_an_slo_no_configuration_keeps_says_the_best_attainment_and_where(tmp_path):
+    code, said = run(tmp_path, "slo.p95_ttft_s=0.0001", "capacity.min_rate=0.5", "study.n_trials=2")
+    assert code == 1
+    line = next(x for x in said.splitlines() if x.startswith("no configuration kept the SLO"))
+    assert "best attainment was" in line and "req/s" in line
+
+
+@pytest.mark.parametrize("args, words", [
+    (("study.objective=throughput",), "study.objective must be one of cost, goodput"),
+    (("~slo", "slo.p95_ttft_s=null", "slo.p95_tpot_s=null"), "needs a latency SLO: set slo.p95_ttft_s"),
+    (("workload.target_rps=0",), "workload.target_rps is the traffic to serve"),
+    (("workload.target_rps=-3",), "workload.target_rps is the traffic to serve"),
+    (("slo.attainment=1.5",), "slo.attainment"),
+    (("study.confirm_top=0",), "study.confirm_top must be at least 1"),
+    (("ray.enabled=true",), "a goodput sweep runs on one local slot"),
+])
+def test_bad_input_is_refused_by_name_before_any_engine_starts(tmp_path, args, words):
+    args = tuple(a for a in args if a != "~slo")
+    with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
+        run(tmp_path, *args)
+    assert not (tmp_path / "g" / "replicates.jsonl").exists()
+
+
+def test_a_target_rate_in_a_cost_sweep_is_refused_by_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"workload\.target_rps sizes the replicas of a goodput sweep"):
+        sweep_cmd.run(compose_cfg("backend=fake", "+space=batching", "workload.target_rps=10", tmp_path=tmp_path),
+                      Console())
+
+
+def costed(label, rate, low, high, gpus=1):
+    return Costed(label, {}, Price(2.0, gpus), Knee(rate, low, high, ()), tokens=100.0, attainment=0.9)
+
+
+def test_the_pick_is_the_cheapest_fleet_for_the_target_and_names_overlapping_costs():
+    a, b, c = costed("a", 10.0, 9.0, 11.0), costed("b", 9.5, 8.0, 10.5), costed("c", 30.0, 28.0, 32.0, gpus=4)
+    assert a.fleet(40)["replicas"] == 4 and a.fleet(40)["replicas_ci"] == [4, 5]
+    assert c.fleet(40) == {"target_rps": 40, "replicas": 2, "replicas_ci": [2, 2], "gpus": 8, "usd_per_hour": 16.0}
+    # per token: a (10 req/s on 1 GPU) beats c (30 on 4); b overlaps a
+    assert pick([a, b, c], None) == (a, [b])
+    # 40 req/s: a needs 4 x $2, b 5 x $2, c 2 x $8 = $16
+    assert pick([a, b, c], 40.0)[0] is a
+    assert pick([costed("slow", 1.0, 0.9, 1.1), c], 10.0)[0] is c  # 10 GPUs at $2 against 4 at $2

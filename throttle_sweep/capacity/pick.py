@@ -1,0 +1,81 @@
+"""The goodput sweep's answer, from the configurations' confirmed capacities: the cost of each (per million
+output tokens at capacity, and of the replicas a target rate needs), the winner, and the ones it cannot be
+told from. Pure: no I/O (tests/unit/test_goodput_pick.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from throttle_sweep.capacity.knee import Knee
+from throttle_sweep.cost import Price
+
+
+@dataclass(frozen=True)
+class Costed:
+    """One configuration's confirmed capacity and what serving with it costs."""
+    label: str  # "baseline" | "trial N"
+    params: dict
+    price: Price  # charged for its flags: every GPU one replica holds
+    knee: Knee  # from its confirmation runs, at the family's alpha
+    tokens: float  # output tokens per request
+    attainment: float  # the SLO's share: goodput counts the requests that meet it
+
+    def usd_per_mtok(self, rate: float | None) -> float | None:
+        """Per million output tokens of requests meeting the SLO, one replica serving `rate`."""
+        if rate is None or rate <= 0 or self.tokens <= 0:
+            return None
+        return self.price.usd_per_gpu_hour * self.price.gpus / 3600 / (rate * self.attainment * self.tokens) * 1e6
+
+    @property
+    def cost(self) -> float | None:
+        return self.usd_per_mtok(self.knee.capacity_rps)
+
+    @property
+    def cost_ci(self) -> tuple[float | None, float | None]:
+        """More capacity, cheaper: the interval's ends swap (None: unbounded on that side)."""
+        return self.usd_per_mtok(self.knee.high), self.usd_per_mtok(self.knee.low)
+
+    def replicas(self, target: float, rate: float | None) -> int | None:
+        return math.ceil(target / rate - 1e-9) if rate else None
+
+    def fleet(self, target: float) -> dict[str, object]:
+        """Replicas for the target rate at the estimate and across the interval, their GPUs and $/h."""
+        need = self.replicas(target, self.knee.capacity_rps)
+        most, fewest = self.replicas(target, self.knee.low), self.replicas(target, self.knee.high)
+        per_hour = self.price.usd_per_gpu_hour * self.price.gpus
+        return {"target_rps": target, "replicas": need, "replicas_ci": [fewest, most],
+                "gpus": need * self.price.gpus if need else None, "usd_per_hour": need * per_hour if need else None}
+
+
+def sort_key(c: Costed, target: float | None) -> tuple[float, float]:
+    """Cheapest first: the replicas' $/h at the target rate (if one is given), then per token."""
+    per_token = c.cost if c.cost is not None else math.inf
+    if target is None:
+        return (per_token, per_token)
+    fleet = c.fleet(target)["usd_per_hour"]
+    return (fleet if fleet is not None else math.inf, per_token)
+
+
+def overlaps(a: Costed, b: Costed) -> bool:
+    """Can the two costs not be told apart? Their intervals (each at the family's alpha) share a point."""
+    a_low, a_high = a.cost_ci
+    b_low, b_high = b.cost_ci
+    return (a_low or 0.0) <= (b_high or math.inf) and (b_low or 0.0) <= (a_high or math.inf)
+
+
+def cheaper_beyond_doubt(a: Costed, b: Costed) -> bool:
+    a_high, b_low = a.cost_ci[1], b.cost_ci[0]
+    return a_high is not None and b_low is not None and a_high < b_low
+
+
+def pick(candidates: Sequence[Costed], target: float | None) -> tuple[Costed | None, list[Costed]]:
+    """The winner (the cheapest estimate among confirmed capacities) and those whose cost intervals overlap
+    its own: the confirmation's intervals hold together (Bonferroni over the family), so disjoint ones
+    differ beyond doubt."""
+    known = [c for c in candidates if c.cost is not None]
+    if not known:
+        return None, []
+    best = min(known, key=lambda c: sort_key(c, target))
+    return best, [c for c in known if c is not best and overlaps(best, c)]

@@ -1,0 +1,191 @@
+"""The goodput sweep (`study.objective=goodput`): the flags that keep a latency SLO at the lowest cost per
+million output tokens, and the replicas a target rate needs.
+
+1. Screen: the baseline, then each configuration the sampler proposes, gets its own rate search on the one
+   slot (capacity/search.py: bracket, bisection, knee runs); the sampler is told its cost per million output
+   tokens at its estimated capacity (the price of the GPUs it holds over its goodput).
+2. Confirm: the `confirm_top` cheapest and the baseline run their knee rates again, fresh, interleaved in time
+   (at each rate step every configuration runs before the next step; the next pass backwards), so that drift
+   lands on all of them alike. Each capacity interval is at alpha / (configurations confirmed), so that all
+   hold together and disjoint cost intervals differ beyond doubt.
+3. The answer (capacity/pick.py): the cheapest confirmed capacity, at the target rate's replicas if given.
+
+Every run is recorded as it comes. The same command again replays the records (the sampler is seeded, each
+rate search is deterministic given its runs) and goes on where they end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from throttle_sweep.capacity.knee import Knee, fit_knee
+from throttle_sweep.capacity.report import per_request_tokens
+from throttle_sweep.capacity.runs import met_of
+from throttle_sweep.capacity.search import ALWAYS_MET, FOUND, NEVER_MET, RateSearch
+from throttle_sweep.cost import Price
+from throttle_sweep.engines.flags import flags_key
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.settings.capacity import CapacitySettings
+
+SCREEN, CONFIRM = "goodput-screen", "goodput-confirm"
+BASELINE = "baseline"
+
+
+@dataclass
+class Contender:
+    label: str  # "baseline" | "trial N"
+    params: dict[str, Any]
+    flags: dict[str, Any]
+    price: Price  # charged for its flags
+    search: RateSearch
+    records: list[dict[str, Any]] = field(default_factory=list)  # its usable runs, screen and confirmation
+    confirm_runs: list[tuple[float, int, int]] = field(default_factory=list)  # (rate, met, counted)
+    failed: str | None = None
+
+    def screen_rate(self) -> float | None:
+        """The capacity the screen estimates (the knee fit's, else the bracket's middle); at an SLO kept up
+        to the highest rate, that rate (a cost at most this)."""
+        s = self.search
+        if s.status == FOUND:
+            knee = fit_knee([(r.rate, r.met, r.counted) for r in s.knee_runs], s.target)
+            return knee.capacity_rps or math.sqrt(s.low * s.high)
+        if s.status == ALWAYS_MET:
+            return s.low
+        return None
+
+    def knee_rates(self) -> list[float]:
+        plan = self.search.plan or []
+        return sorted(set(plan))
+
+
+# measure(contender, rate, stage, search_stage) -> a usable record, or a failed one (status != ok)
+Measure = Callable[[Contender, float, str, str], dict[str, Any]]
+
+
+class GoodputSweep:
+    def __init__(self, *, settings: CapacitySettings, distributions: Mapping[str, Any], base: Mapping[str, Any],
+                 baseline: Mapping[str, Any], price: Price, n_trials: int, confirm_top: int, seed: int,
+                 existing: list[dict[str, Any]], measure: Measure, say: Callable[[str], None]) -> None:
+        self.settings, self.distributions, self.base = settings, dict(distributions), dict(base)
+        self.price, self.n_trials, self.confirm_top, self.say = price, n_trials, confirm_top, say
+        self.measure_run = measure
+        self.recorded: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (stage, label) -> records, in order
+        for r in existing:
+            # a void run was run again; one the shutdown cut short (infrastructure) is run again now
+            if r.get("stage") in (SCREEN, CONFIRM) and not r.get("void") and not r.get("infrastructure"):
+                self.recorded.setdefault((r["stage"], r.get("config")), []).append(r)
+        startup = max(3, min(10, n_trials // 3))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup))
+        # the baseline's params: where it differs from the engine's flags the space's knobs are set on
+        self.baseline = self.contender(BASELINE, {k: v for k, v in baseline.items() if self.base.get(k) != v},
+                                       dict(baseline))
+        self.trials: list[Contender] = []
+
+    def contender(self, label: str, params: dict[str, Any], flags: dict[str, Any]) -> Contender:
+        s = self.settings.search
+        search = RateSearch(start=s.start, target=s.target, rel_tol=s.rel_tol, knee_rates=s.knee_rates,
+                            knee_replicates=s.knee_replicates, knee_margin=s.knee_margin, min_rate=s.min_rate,
+                            max_rate=s.max_rate)
+        return Contender(label, params, flags, self.price.charged(flags), search)
+
+    # ---- 1. screen -------------------------------------------------------------------------------------
+    def screen(self) -> None:
+        self.search_one(self.baseline)
+        if self.baseline.failed:
+            raise BaselineFailed(f"the baseline failed: {self.baseline.failed}; every run so far is kept")
+        seen: dict[str, Contender] = {flags_key(self.baseline.flags): self.baseline}
+        for number in range(self.n_trials):
+            trial = self.study.ask(self.distributions)
+            flags = {**self.base, **trial.params}
+            earlier = seen.get(flags_key(flags))
+            c = earlier if earlier is not None else self.contender(f"trial {number}", dict(trial.params), flags)
+            if earlier is None:
+                self.search_one(c)
+                seen[flags_key(flags)] = c
+                self.trials.append(c)
+            rate = c.screen_rate()
+            if c.failed or rate is None:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                self.study.tell(trial, self.usd_per_mtok(c, rate))
+
+    def usd_per_mtok(self, c: Contender, rate: float) -> float:
+        tokens = per_request_tokens(c.records) or 1.0
+        return c.price.usd_per_gpu_hour * c.price.gpus / 3600 / (rate * self.settings.slo.attainment * tokens) * 1e6
+
+    def search_one(self, c: Contender) -> None:
+        """Its rate search: the recorded runs replayed, then measured on until the search ends."""
+        replay = list(self.recorded.get((SCREEN, c.label), []))
+        while (step := c.search.next()) is not None:
+            rate, stage = step
+            record = replayed(replay, c, rate) if replay else self.measure_run(c, rate, SCREEN, stage)
+            if record.get("status") != "ok":
+                c.failed = str(record.get("reason"))
+                self.say(f"  {c.label} failed at {rate:g} req/s: {c.failed}; it is out")
+                return
+            c.records.append(record)
+            c.search.tell(rate, *met_of(record, self.settings), stage)
+
+    # ---- 2. confirm ------------------------------------------------------------------------------------
+    def confirmed(self) -> list[Contender]:
+        """The `confirm_top` cheapest of the screen, and the baseline (if it found a knee)."""
+        found = [c for c in self.trials if not c.failed and c.search.status == FOUND and c.screen_rate()]
+        best = sorted(found, key=lambda c: self.usd_per_mtok(c, c.screen_rate()))[: self.confirm_top]
+        return ([self.baseline] if self.baseline.search.status == FOUND else []) + best
+
+    def confirm(self, family: list[Contender]) -> None:
+        """Fresh runs at each one's knee rates, interleaved: every configuration at its i-th rate before any at
+        the next; the next pass runs the rates and the configurations backwards."""
+        if not family:
+            return
+        replicates = self.settings.search.knee_replicates
+        order = []
+        for p in range(replicates):
+            members = family if p % 2 == 0 else family[::-1]
+            steps = range(max(len(c.knee_rates()) for c in family))
+            for i in (steps if p % 2 == 0 else reversed(steps)):
+                order += [(c, c.knee_rates()[i]) for c in members if i < len(c.knee_rates())]
+        replay = {c.label: list(self.recorded.get((CONFIRM, c.label), [])) for c in family}
+        for c, rate in order:
+            if c.failed:
+                continue
+            record = replayed(replay[c.label], c, rate) if replay[c.label] else self.measure_run(c, rate, CONFIRM,
+                                                                                               "confirm")
+            if record.get("status") != "ok":
+                c.failed = f"failed in confirmation: {record.get('reason')}"
+                self.say(f"  {c.label} {c.failed}; it is out")
+                continue
+            c.records.append(record)
+            c.confirm_runs.append((rate, *met_of(record, self.settings)))
+
+    def knee_of(self, c: Contender, family: int) -> Knee:
+        return fit_knee(c.confirm_runs, self.settings.slo.attainment, alpha=0.05 / max(1, family))
+
+
+def replayed(replay: list[dict[str, Any]], c: Contender, rate: float) -> dict[str, Any]:
+    """The next recorded run of this configuration, which must be the run asked for now."""
+    record = replay.pop(0)
+    if abs(record["workload"]["rate"] - rate) > 1e-9 * rate or record.get("params", {}) != c.params:
+        raise ConfigError(f"the records in this run's folder follow another sweep ({c.label} ran at "
+                          f"{record['workload']['rate']:g} req/s with {record.get('params')}, where this one asks "
+                          f"for {rate:g} with {c.params}): choose another study.name")
+    return record
+
+
+class BaselineFailed(Exception):
+    """The baseline could not be measured: no configuration can be judged against it."""
+
+
+def best_attainment(c: Contender) -> tuple[float, float] | None:
+    """(attainment, rate) of its best run: what an SLO it never met came to."""
+    best = c.search.best()
+    return (best.attainment, best.rate) if best is not None else None
+
+
+def never_met(contenders: list[Contender]) -> bool:
+    return all(c.failed or c.search.status == NEVER_MET for c in contenders)

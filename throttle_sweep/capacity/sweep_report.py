@@ -1,0 +1,131 @@
+"""What a goodput sweep says: each configuration's screened capacity, the confirmed ones with their intervals,
+cost per million output tokens and the replicas a target rate needs, and the winner (summary.json keeps the
+same)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick
+from throttle_sweep.capacity.report import per_request_tokens
+from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
+from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
+
+
+def fmt_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(the engine's flags)"
+
+
+def interval(low: float | None, high: float | None, digits: str = ".3g") -> str:
+    return f"[{format(low, digits) if low is not None else '-'}, {format(high, digits) if high is not None else '-'}]"
+
+
+def screen_line(sweep: GoodputSweep, c: Contender) -> str:
+    head = f"  {c.label:<9} {fmt_params(c.params):<44}"
+    if c.failed:
+        return f"{head} failed: {c.failed}"
+    if c.search.status == NEVER_MET:
+        att, rate = best_attainment(c) or (0.0, 0.0)
+        return f"{head} never kept the SLO (best attainment {att:.0%}, at {rate:.3g} req/s)"
+    rate = c.screen_rate()
+    if rate is None:
+        return f"{head} no capacity found"
+    above = " (kept up to capacity.max_rate: at least)" if c.search.status == ALWAYS_MET else ""
+    return f"{head} capacity {rate:8.3g} req/s{above}  ${sweep.usd_per_mtok(c, rate):.4g}/M output tokens"
+
+
+def costed_of(sweep: GoodputSweep, c: Contender, family: int) -> Costed:
+    return Costed(c.label, c.params, c.price, sweep.knee_of(c, family), per_request_tokens(c.records),
+                  sweep.settings.slo.attainment)
+
+
+def confirmed_line(c: Costed, target: float | None) -> str:
+    knee = c.knee
+    if knee.capacity_rps is None:
+        return f"  {c.label:<9} its fresh knee runs did not cross the SLO's attainment: no capacity"
+    low, high = c.cost_ci
+    line = (f"  {c.label:<9} capacity {knee.capacity_rps:.3g} req/s {interval(knee.low, knee.high)}  "
+            f"${c.cost:.4g}/M output tokens {interval(low, high, '.4g')}")
+    if target is not None:
+        fleet = c.fleet(target)
+        line += (f"  for {target:g} req/s: {fleet['replicas']} replicas {interval(*fleet['replicas_ci'], 'd')} = "
+                 f"{fleet['gpus']} GPUs, ${fleet['usd_per_hour']:.4g}/h")
+    return line
+
+
+def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | None
+           ) -> tuple[list[str], dict[str, Any], Costed | None]:
+    """The lines to print, summary.json, and the winner (None: no confirmed capacity)."""
+    slo = sweep.settings.slo
+    lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}"]
+    lines += [screen_line(sweep, c) for c in [sweep.baseline, *sweep.trials]]
+    costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
+    if family:
+        lines.append(f"confirmed: fresh knee runs, interleaved on one slot; 95% intervals adjusted for "
+                     f"{len(family)} configurations (Bonferroni), so that they hold together")
+        lines += [confirmed_line(c, target) for c in costed]
+    base = next((c for c in costed if c.label == BASELINE), None)
+    winner, tied = pick([c for c in costed if c.label != BASELINE], target)
+    summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": sweep.price.label(),
+                               "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
+                               "confirmed": [costed_summary(c, target) for c in costed]}
+    if winner is None:
+        lines.append(no_winner(sweep))
+        summary["winner"] = None
+        return lines, summary, None
+    low, high = winner.cost_ci
+    line = (f"winner: {winner.label} {fmt_params(winner.params)}: capacity {winner.knee.capacity_rps:.3g} req/s "
+            f"{interval(winner.knee.low, winner.knee.high)}, ${winner.cost:.4g} per million output tokens "
+            f"{interval(low, high, '.4g')} ({winner.price.label()})")
+    if target is not None:
+        fleet = winner.fleet(target)
+        line += (f"; for {target:g} req/s: {fleet['replicas']} replicas = {fleet['gpus']} GPUs, "
+                 f"${fleet['usd_per_hour']:.4g}/h")
+    lines.append(line)
+    lines.append(versus_baseline(winner, base))
+    if tied:
+        lines.append("tied with the winner (their cost intervals overlap its own): "
+                     + ", ".join(f"{c.label} {fmt_params(c.params)}" for c in tied))
+    summary["winner"] = {**costed_summary(winner, target), "tied": [c.label for c in tied],
+                         "cheaper_than_baseline": base is not None and cheaper_beyond_doubt(winner, base)}
+    return lines, summary, winner
+
+
+def versus_baseline(winner: Costed, base: Costed | None) -> str:
+    if base is None or base.cost is None:
+        return "against the baseline: it found no confirmed capacity of its own (see the screen)"
+    words = f"the baseline's ${base.cost:.4g} {interval(*base.cost_ci, '.4g')}"
+    if cheaper_beyond_doubt(winner, base):
+        return f"cheaper than the baseline beyond doubt: {words}"
+    if cheaper_beyond_doubt(base, winner):
+        return f"[bold]the baseline is cheaper beyond doubt[/]: {words}; no configuration tried beats it"
+    if base.knee.high is None:
+        return (f"not told from the baseline: {words}; no rate of its knee failed the SLO beyond doubt, so its "
+                "capacity has no upper bound there (more runs a rate, capacity.knee_replicates, or more requests "
+                "a run tell more)")
+    return f"not told from the baseline (the intervals overlap): {words}"
+
+
+def no_winner(sweep: GoodputSweep) -> str:
+    everyone = [sweep.baseline, *sweep.trials]
+    best = max(((*found, c.label) for c in everyone if (found := best_attainment(c))), default=None)
+    if all(c.failed or c.search.status == NEVER_MET for c in everyone) and best is not None:
+        return (f"no configuration kept the SLO ({sweep.settings.slo.words()}) at any rate down to "
+                f"capacity.min_rate: the best attainment was {best[0]:.1%}, by {best[2]} at {best[1]:.3g} req/s. "
+                "Loosen the SLO, or search other flags")
+    return "no winner: no configuration's confirmation found a capacity (see the lines above)"
+
+
+def screen_summary(sweep: GoodputSweep, c: Contender) -> dict[str, Any]:
+    rate = c.screen_rate() if not c.failed else None
+    return {"config": c.label, "params": c.params, "status": "failed" if c.failed else c.search.status,
+            "capacity_rps": rate, "usd_per_mtok": sweep.usd_per_mtok(c, rate) if rate else None,
+            "runs": len(c.search.runs), **({"reason": c.failed} if c.failed else {})}
+
+
+def costed_summary(c: Costed, target: float | None) -> dict[str, Any]:
+    return {"config": c.label, "params": c.params, "capacity_rps": c.knee.capacity_rps,
+            "capacity_ci": [c.knee.low, c.knee.high], "usd_per_mtok_at_capacity": c.cost,
+            "usd_per_mtok_ci": list(c.cost_ci), "gpus_per_replica": c.price.gpus,
+            **({"fleet": c.fleet(target)} if target is not None and c.knee.capacity_rps else {})}

@@ -1,0 +1,84 @@
+"""A goodput sweep (`+space=NAME study.objective=goodput slo.p95_ttft_s=...`): the flags that keep a latency SLO
+at the lowest cost per million output tokens, and the replicas `workload.target_rps` needs (capacity/sweep.py).
+Settings are checked in settings/goodput.py before any engine starts."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
+from throttle_sweep.capacity.sweep import BASELINE, BaselineFailed, Contender, GoodputSweep
+from throttle_sweep.capacity.sweep_report import answer, fmt_params
+from throttle_sweep.provenance import claim_run_folder, overrides_for
+from throttle_sweep.records import RecordLog
+from throttle_sweep.runlock import hold
+from throttle_sweep.search.export import export_best
+from throttle_sweep.settings.goodput import GoodputRun, load_goodput
+from throttle_sweep.signals import shielded, stop_on_sigterm
+from throttle_sweep.slot import WarmSlot
+
+
+def run(cfg: DictConfig, console: Console) -> int:
+    r = load_goodput(cfg)  # every check, before any engine starts
+    say = partial(console.print, highlight=False)
+    with hold(r.out, what=f"study {r.out.name!r}"):
+        claim_run_folder(r.out, r.config, "goodput")
+        OmegaConf.save(cfg, r.out / "config.yaml")
+        log = RecordLog(r.out / "replicates.jsonl", say=say)
+        slot = WarmSlot(r.engine, r.capacity.spec, r.price, run_id=r.out.name, **r.warm)
+
+        def measure(c: Contender, rate: float, stage: str, search_stage: str) -> dict[str, Any]:
+            context = {"stage": stage, "search_stage": search_stage, "config": c.label, "params": c.params}
+            record = measure_rate(slot, c.flags, rate, context, log, r.capacity,
+                                  "baseline" if c.label == BASELINE else "candidate", say)
+            if record["status"] == "ok":
+                met, counted = met_of(record, r.capacity)
+                say(run_line(f"{c.label} {search_stage}", rate, record, met, counted,
+                             met / counted >= r.capacity.slo.attainment))
+            return record
+
+        sweep = GoodputSweep(settings=r.capacity, distributions=r.distributions, base=r.base, baseline=r.baseline,
+                             price=r.price, n_trials=r.n_trials, confirm_top=r.confirm_top, seed=r.seed,
+                             existing=list(log.records), measure=measure, say=say)
+        say(f"goodput sweep {r.out.name!r}: {', '.join(r.distributions)} over {r.n_trials} trials against the "
+            f"baseline {fmt_params(sweep.baseline.params)}; {r.capacity.slo.words()}"
+            + (f"; the traffic to serve: {r.target_rps:g} req/s" if r.target_rps else "") + f" -> {log.path}")
+        try:
+            with stop_on_sigterm():
+                sweep.screen()
+                family = sweep.confirmed()
+                sweep.confirm(family)
+        except KeyboardInterrupt:
+            say(f"[bold yellow]interrupted[/]: every run is kept in {log.path}; run the same command again to go on")
+            return 130
+        except (ClientTooSlow, BaselineFailed) as exc:
+            say(f"[red]{exc}[/]")
+            return 1
+        finally:
+            with shielded():
+                slot.close()
+    lines, summary, winner = answer(sweep, family, r.target_rps)
+    for line in lines:
+        say(line)
+    (r.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    say(f"summary: {r.out / 'summary.json'}")
+    if winner is None:
+        return 1
+    export(r, winner.params, summary["winner"], say)
+    return 0
+
+
+def export(r: GoodputRun, params: dict[str, Any], winner: dict[str, Any], say: Any) -> None:
+    """The winner's `vllm serve` config, with its capacity and the replica count beside it (best.json), and
+    the overrides that measure its capacity again (mode=capacity)."""
+    flags = {**r.base, **params}
+    remeasure = {"mode": "capacity", "backend": r.config["backend"], "engine": flags, "slo": r.config["slo"],
+                 "capacity": r.config["capacity"], "workload": r.config["workload"]}
+    paths = export_best(r.out / "best", engine_flags=r.engine.engine_flags(flags), params=params,
+                        summary={"objective": "goodput", **winner}, hydra_overrides=overrides_for(remeasure))
+    say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['json']} (capacity and replicas)")

@@ -1,0 +1,100 @@
+"""A goodput sweep's settings (`study.objective=goodput`), checked before any engine starts: the space and the
+baseline as a cost sweep reads them, the SLO and the rate search as mode=capacity reads them, and the traffic
+to serve (`workload.target_rps`), which sizes the replicas."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from throttle_sweep.cost import Price
+from throttle_sweep.engines import Engine
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.search.space import build_space
+from throttle_sweep.settings.capacity import CapacitySettings, capacity_from
+from throttle_sweep.settings.sections import (
+    arm_flags,
+    engine_from,
+    folder_name,
+    plain,
+    preflight,
+    price_from,
+    warm_engines_from,
+    workload_from,
+)
+from throttle_sweep.settings.sweep import space_extremes, space_file, space_name
+
+OBJECTIVES = ("cost", "goodput")
+
+
+@dataclass(frozen=True)
+class GoodputRun:
+    capacity: CapacitySettings  # the SLO, the rate search (a template: each configuration gets its own)
+    engine: Engine
+    price: Price
+    base: dict[str, Any]  # the engine's flags, on which the space's knobs are set
+    baseline: dict[str, Any]
+    distributions: dict[str, Any]
+    target_rps: float | None  # the traffic to serve: replicas = ceil(target / capacity)
+    n_trials: int
+    confirm_top: int
+    seed: int
+    warm: dict[str, Any]
+    plots: bool
+    out: Path
+    config: dict[str, Any]
+
+
+def objective_of(cfg: DictConfig) -> str:
+    objective = cfg.study.objective
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"study.objective must be one of {', '.join(OBJECTIVES)}, but got {objective!r}")
+    return objective
+
+
+def target_from(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"workload.target_rps is the traffic to serve, a positive number of requests/s, but got "
+                          f"{value!r}")
+    return float(value)
+
+
+def load_goodput(cfg: DictConfig) -> GoodputRun:
+    if cfg.space is None:
+        raise ConfigError("a goodput sweep needs a search space: add +space=batching (or your own)")
+    if cfg.backend == "endpoint":
+        raise ConfigError("a goodput sweep sets engine flags, and a server someone else runs takes none: use "
+                          "backend=vllm, server or fake (mode=capacity measures an endpoint's capacity)")
+    if cfg.ray.enabled:
+        raise ConfigError("a goodput sweep runs on one local slot for now (its comparisons interleave in time on "
+                          "it): set ray.enabled=false")
+    if cfg.slo.p95_ttft_s is None and cfg.slo.p95_tpot_s is None:
+        raise ConfigError("study.objective=goodput needs a latency SLO: set slo.p95_ttft_s and/or slo.p95_tpot_s "
+                          "(seconds)")
+    capacity = capacity_from(cfg, workload_from(cfg))
+    target = target_from(cfg.workload.target_rps)
+    s = cfg.study
+    if not isinstance(s.n_trials, int) or s.n_trials < 1:
+        raise ConfigError(f"study.n_trials must be at least 1, but got {s.n_trials!r}")
+    if not isinstance(s.confirm_top, int) or s.confirm_top < 1:
+        raise ConfigError(f"study.confirm_top must be at least 1 (the winner is re-measured), but got "
+                          f"{s.confirm_top!r}")
+    price, engine = price_from(cfg), engine_from(cfg)
+    source = f"space '{space_name()}' ({space_file(space_name())})"
+    distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
+    base = arm_flags(plain(cfg.engine))
+    baseline = arm_flags(base, plain(cfg.baseline))
+    preflight(engine, baseline, capacity.spec, source="baseline")
+    for flag, flags in space_extremes(base, distributions):
+        preflight(engine, flags, capacity.spec, source=f"{source}: {flag}")
+    name = folder_name(s.name or cfg.run or f"goodput-{space_name()}", key="study.name")
+    return GoodputRun(capacity=capacity, engine=engine, price=price, base=base, baseline=baseline,
+                      distributions=distributions, target_rps=target, n_trials=s.n_trials, confirm_top=s.confirm_top,
+                      seed=s.seed, warm=warm_engines_from(cfg), plots=bool(cfg.plots),
+                      out=Path(cfg.results_dir) / name, config=plain(cfg))
