@@ -121,7 +121,8 @@ def screen_summary(sweep: GoodputSweep, c: Contender) -> dict[str, Any]:
     rate = c.screen_rate() if not c.failed else None
     return {"config": c.label, "params": c.params, "status": "failed" if c.failed else c.search.status,
             "capacity_rps": rate, "usd_per_mtok": sweep.usd_per_mtok(c, rate) if rate else None,
-            "runs": len(c.search.runs), **({"reason": c.failed} if c.failed else {})}
+            "runs": len(c.search.runs), "bracket": [c.search.low, c.search.high],  # single runs: kept, broke
+            **({"reason": c.failed} if c.failed else {})}
 
 
 def costed_summary(c: Costed, target: float | None) -> dict[str, Any]:
