@@ -114,3 +114,15 @@ def test_the_pick_is_the_cheapest_fleet_for_the_target_and_names_overlapping_cos
     # 40 req/s: a needs 4 x $2, b 5 x $2, c 2 x $8 = $16
     assert pick([a, b, c], 40.0)[0] is a
     assert pick([costed("slow", 1.0, 0.9, 1.1), c], 10.0)[0] is c  # 10 GPUs at $2 against 4 at $2
+
+
+def test_the_export_serves_the_defaults_the_winner_was_measured_with(tmp_path, monkeypatch):
+    """An in-process engine resolves the flags left to vLLM's default as `vllm serve` does (records'
+    served_defaults): the winner's export writes them out, so a server elsewhere serves what was measured."""
+    from throttle_sweep.engines.fake import FakeSession
+
+    monkeypatch.setattr(FakeSession, "served_defaults", {"max_num_batched_tokens": 4096}, raising=False)
+    code, said = run(tmp_path, "~space.max_num_batched_tokens", "study.n_trials=2")
+    assert code == 0, said
+    served = (tmp_path / "g" / "best" / "vllm_config.yaml").read_text()
+    assert "max-num-batched-tokens: 4096" in served

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
-from throttle_sweep.capacity.sweep import BASELINE, BaselineFailed, Contender, GoodputSweep
+from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
 from throttle_sweep.capacity.sweep_report import answer, fmt_params
 from throttle_sweep.provenance import claim_run_folder, overrides_for
 from throttle_sweep.records import RecordLog
@@ -69,14 +69,24 @@ def run(cfg: DictConfig, console: Console) -> int:
     say(f"summary: {r.out / 'summary.json'}")
     if winner is None:
         return 1
-    export(r, winner.params, summary["winner"], say)
+    export(r, winner.params, summary["winner"], served_defaults(log.records, winner.label), say)
     return 0
 
 
-def export(r: GoodputRun, params: dict[str, Any], winner: dict[str, Any], say: Any) -> None:
+def served_defaults(records: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """The flags left to vLLM's default that the winner's confirmation runs resolved as `vllm serve` does
+    (in-process engines record them): exported, so a server on another machine serves what was measured."""
+    for record in records:
+        if record.get("stage") == CONFIRM and record.get("config") == label and record.get("served_defaults"):
+            return dict(record["served_defaults"])
+    return {}
+
+
+def export(r: GoodputRun, params: dict[str, Any], winner: dict[str, Any], defaults: dict[str, Any], say: Any) -> None:
     """The winner's `vllm serve` config, with its capacity and the replica count beside it (best.json), and
     the overrides that measure its capacity again (mode=capacity)."""
     flags = {**r.base, **params}
+    flags.update({k: v for k, v in defaults.items() if flags.get(k) is None})  # what vLLM resolved for them
     remeasure = {"mode": "capacity", "backend": r.config["backend"], "engine": flags, "slo": r.config["slo"],
                  "capacity": r.config["capacity"], "workload": r.config["workload"]}
     paths = export_best(r.out / "best", engine_flags=r.engine.engine_flags(flags), params=params,
