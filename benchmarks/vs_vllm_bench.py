@@ -19,8 +19,8 @@ Known differences, from the code (throttle_sweep/measure.py, workload.py; vllm/b
 lib/endpoint_request_func.py):
 - TTFT: ours counts from each request's scheduled arrival, vLLM's from when its task sends the request. Ours
   adds a request between the driver's steps (a step waits for the next streamed chunk), so ours includes that
-  lateness (printed: p99 "late"), vLLM's excludes its own (event-loop) lateness. Expected: a few ms, more
-  while a prefill holds every stream; it matters at low rates, where p95 TTFT is tens of ms.
+  lateness (printed: p99 "late"), vLLM's excludes its own (event-loop) lateness. Seen here: p99 1.5-10 ms at
+  2-20 req/s, 9 ms at 40, 66 ms at 60; against p95 TTFTs of 12-30 ms that alone can exceed 10%.
 - TPOT: the same in both: per request (last token - first token) / (output tokens - 1), p95 over requests.
 - Arrivals: both Poisson at R, from different seeded generators. vLLM's delays start with one interval and are
   rescaled so that the last request is due at exactly N/R; ours starts at 0 and sums N-1 exponential gaps
@@ -28,12 +28,17 @@ lib/endpoint_request_func.py):
   gaps scale as 1/rate with the same draws, so by default it is given the workload.rate that puts its last
   arrival at (N-1)/R, realising R as vLLM's rescaling does (--raw-rate: workload.rate=R as given). Both
   realised rates are printed. Near capacity p95 TTFT follows the realised rate steeply.
-- Both clients share the machine with the server (and anything else running): a busy machine moves single
-  runs' p95s by tens of percent (here, a 20-request run of vLLM's client alone gave p95 TTFT 60, 16 and 20 ms);
-  ours also reads /metrics every 0.2 s while requests are in flight (about 4-6 ms of the API server's time).
+- Ours reads /metrics every 0.2 s while requests are in flight (KV usage): each read costs the API server
+  4-8 ms (p95 17 ms under load). A poller doing the same beside vLLM's client at 40 req/s raised its p95 TTFT
+  from 21-25 to 42-60 ms and its p95 TPOT from 1.9-2.5 to 3.8-4.8 ms: ours measures a server being scraped.
+- Both clients share 2 cores with the server (and anything else running): single runs' p95s move by tens of
+  percent (a 20-request run of vLLM's client at 2 req/s gave p95 TTFT 60, 16 and 20 ms on one server).
+Capacity: this server (64 MiB KV, vLLM's default max_num_seqs) kept up with vLLM's client to about 90 req/s of
+64/128 tokens (p95 TTFT 172 ms, TPOT 6.7 ms), not the ~8 req/s of the README's in-process, 9-request-KV example;
+ours fell behind well before (at 60 req/s: late p99 66 ms, p95 TTFT 170 ms against vLLM's 30).
 
-    python benchmarks/vs_vllm_bench.py [--rates 2,4,6] [--seconds 30] [--reps 2]   (about 9 minutes here)
-    python benchmarks/vs_vllm_bench.py --rates 2 --requests 20 --reps 1             (a check, about 2 minutes)
+    python benchmarks/vs_vllm_bench.py [--rates 5,20,60] [--seconds 20] [--reps 2]   (about 7 minutes, estimated)
+    python benchmarks/vs_vllm_bench.py --rates 2 --requests 20 --reps 1             (a check, about 1 minute)
     python benchmarks/vs_vllm_bench.py --latest
 """
 
@@ -118,9 +123,9 @@ def vllm(url: str, rate: float, n: int, seed: int, args: argparse.Namespace, tmp
 def main() -> None:
     print_latest_if_asked(__file__)
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[2.0, 4.0, 6.0],
+    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[5.0, 20.0, 60.0],
                         help="requests/s, comma-separated")
-    parser.add_argument("--seconds", type=float, default=30, help="a run's arrivals span: requests = rate x this")
+    parser.add_argument("--seconds", type=float, default=20, help="a run's arrivals span: requests = rate x this")
     parser.add_argument("--requests", type=int, default=None, help="requests a run at every rate (overrides)")
     parser.add_argument("--reps", type=int, default=2, help="passes over the rates")
     parser.add_argument("--input-len", type=int, default=64)

@@ -31,6 +31,7 @@ class StubServer:
         self.behaviour = behaviour or Behaviour()
         self.requests: list[dict] = []
         self.resets = 0
+        self.metrics_reads = 0  # GET /metrics: each one costs a real server time on its event loop
         self.auth: list[str | None] = []  # the Authorization header of every completion request
         self.posts: list[str] = []  # every POST path other than completions (sleep, wake_up, reset)
         stub = self
@@ -49,6 +50,7 @@ class StubServer:
                 elif self.path == "/metrics" and not stub.behaviour.vllm_metrics:
                     self._send(200, b"http_requests_total 3.0\n")
                 elif self.path == "/metrics":
+                    stub.metrics_reads += 1
                     text = (f'vllm:num_preemptions_total{{engine="0"}} {stub.behaviour.preemptions}.0\n'
                             'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
                             '# HELP vllm:prefix_cache_hits_total hits\nvllm:prefix_cache_hits_total 3.0\n'

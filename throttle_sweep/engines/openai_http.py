@@ -27,7 +27,9 @@ from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.errors import EngineRunError
 
 WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still there
-KV_SAMPLE_S = 0.2  # KV-cache usage is sampled from /metrics this often while requests are in flight
+# KV-cache usage is sampled from /metrics this often while requests are in flight. Each read costs vLLM's API
+# server 4-8 ms on its event loop: every 0.2 s doubled p95 TTFT at 40 req/s here (benchmarks/vs_vllm_bench.py)
+KV_SAMPLE_S = 2.0
 SETTLE_S = 0.05  # between two reads of a counter that must agree
 
 
