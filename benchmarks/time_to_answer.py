@@ -30,7 +30,7 @@ from benchmarks.results import print_latest_if_asked, record  # noqa: E402
 NEW = ["+experiment=demo"]
 OLD = ["+experiment=demo", "slots=1", "+space.max_num_seqs.step=2", "space.max_num_seqs.high=14", "study.n_trials=7",
        "compare.replicates=2", "study.boundary=none", "study.sequential=false", "study.same_schedule=false",
-       "study.shared_baseline=false"]
+       "study.shared_baseline=false", "study.tiebreak_replicates=0"]
 
 
 def run(kind: str, out: Path) -> dict:
