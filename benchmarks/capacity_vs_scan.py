@@ -12,7 +12,7 @@ engine_seconds). Target (#26): the knee within 5% of the dense scan's in every c
 engine-seconds (median); the interval should cover the scan's knee about 95% of the time. Each run is
 recorded in results.jsonl.
 
-    python benchmarks/capacity_vs_scan.py [--seeds 3] [--noise 0.02]   (about 45 s a seed here)
+    python benchmarks/capacity_vs_scan.py [--seeds 3] [--noise 0.02]   (about 2 min a seed here)
     python benchmarks/capacity_vs_scan.py --latest
 """
 
