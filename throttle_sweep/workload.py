@@ -40,6 +40,9 @@ class WorkloadSpec:
     seed: int = 0
     vocab_limit: int = 1000  # synthetic token ids are drawn below this (valid for any real vocabulary)
     replicate_s: float | None = None  # sized by time: num_requests is the calibration run's (calibration.py)
+    # open loop: the arrivals' own random stream (null: `seed`). Replicates of a capacity run at one rate take
+    # different ones, so that their spread includes which schedule was drawn (capacity/search.py)
+    arrival_seed: int | None = None
 
     def warmup_count(self, batch: int | None = None) -> int:
         """`batch`: the most the engine runs at once (max_num_seqs): more warm-up requests than that would only
@@ -141,10 +144,13 @@ def make_requests(spec: WorkloadSpec, *, warmup: bool = False, batch: int | None
         if any(ids is None for ids, _, _ in rows):
             raise ConfigError("workload.shared_prefix_len needs token-id prompts; the jsonl file has text prompts")
         rows = [(prefix_ids + ids, text, n) for ids, text, n in rows]
+    # arrivals from a stream of their own: the same unit draws at every rate and request count, scaled by the
+    # rate (a run at twice the rate starts with the same schedule, halved), whatever the prompts drew
+    gaps = random.Random(f"arrivals/{spec.seed if spec.arrival_seed is None else spec.arrival_seed}")
     arrival, requests = 0.0, []
     for i, (token_ids, text, output_len) in enumerate(rows):
         if spec.loop == "open" and not warmup and i > 0:
-            arrival += rng.expovariate(spec.rate)
+            arrival += gaps.expovariate(1.0) / spec.rate
         requests.append(Request(f"{prefix}{i}", output_len, token_ids, text, arrival))
     return requests
 

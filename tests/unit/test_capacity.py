@@ -19,7 +19,7 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.records import read_records
 
 SLO = ("slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05")
-SMALL = ("backend=fake", "workload.num_requests=100", "capacity.run_s=5", "capacity.knee_rates=4",
+SMALL = ("backend=fake", "workload.num_requests=100", "capacity.run_s=20", "capacity.knee_rates=4",
          "capacity.knee_replicates=4")
 
 
@@ -45,9 +45,9 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
             assert met / counted >= 0.9
         if record["workload"]["rate"] >= high:
             assert met / counted < 0.9
-    for record in read_records(tmp_path / "cap" / "replicates.jsonl"):  # arrivals over at least run_s (5 s)
+    for record in read_records(tmp_path / "cap" / "replicates.jsonl"):  # arrivals over at least run_s (20 s)
         rate = record["workload"]["rate"]
-        assert record["workload"]["num_requests"] == max(100, math.ceil(rate * 5)) == len(record["requests_s"])
+        assert record["workload"]["num_requests"] == max(100, math.ceil(rate * 20)) == len(record["requests_s"])
     tokens = summary["output_tokens_per_request"]
     assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
     assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
@@ -108,3 +108,16 @@ def test_analyze_lists_capacity_runs_and_takes_none_for_a_comparison(tmp_path):
     analyze_cmd.run(cfg, console)
     said = console.export_text()
     assert f"{runs} runs of mode=capacity" in said and "not a comparison" in said
+
+
+def test_replicates_at_one_rate_draw_their_own_arrival_schedules(tmp_path):
+    """Requests within a run share its queue, so the run is the unit of noise, and which Poisson schedule was
+    drawn is part of that noise: the knee's replicates at a rate each take another arrival seed (the same
+    seeds at every rate), so their spread, and the interval, include it."""
+    assert run(tmp_path, *SMALL, *SLO, "plots=false")[0] == 0
+    knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"]
+    seeds: dict[float, list[int]] = {}
+    for record in knee:
+        seeds.setdefault(record["workload"]["rate"], []).append(record["workload"]["arrival_seed"])
+    assert len(seeds) == 4 and all(len(set(s)) == 4 for s in seeds.values())
+    assert len({tuple(sorted(s)) for s in seeds.values()}) == 1

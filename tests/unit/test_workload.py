@@ -169,3 +169,23 @@ def test_with_a_tokenizer_sharegpt_text_is_counted_and_sent_as_its_own_tokens(tm
     assert request.prompt_token_ids == (0, 1, 2, 3, 0, 4) and request.output_len == 6
     with pytest.raises(ConfigError, match="workload.tokenizer='/nowhere/tok' cannot be loaded"):
         make_requests(WorkloadSpec(sharegpt=spec.sharegpt, tokenizer="/nowhere/tok"))
+
+
+def test_open_loop_arrivals_are_one_sequence_of_draws_scaled_by_the_rate_whatever_the_count():
+    """Arrivals come from their own random stream: a run at twice the rate with twice the requests starts
+    with the same arrivals, halved (the prompts' draws do not shift them), so attainment against the rate is
+    one smooth curve, not a new schedule at every rate."""
+    from dataclasses import replace
+
+    from throttle_sweep.workload import WorkloadSpec, make_requests
+
+    slow = make_requests(WorkloadSpec(num_requests=20, loop="open", rate=2.0, seed=3))
+    fast = make_requests(WorkloadSpec(num_requests=40, loop="open", rate=4.0, seed=3))
+    assert [r.arrival_s / 2 for r in slow] == pytest.approx([r.arrival_s for r in fast[:20]], rel=1e-12)
+    assert [r.prompt_token_ids for r in slow] == [r.prompt_token_ids for r in fast[:20]]
+    # another arrival seed: the same prompts, another schedule (a replicate that samples the arrivals' noise)
+    spec = WorkloadSpec(num_requests=20, loop="open", rate=2.0, seed=3)
+    other = make_requests(replace(spec, arrival_seed=4))
+    assert [r.prompt_token_ids for r in other] == [r.prompt_token_ids for r in slow]
+    assert [r.arrival_s for r in other] != [r.arrival_s for r in slow]
+    assert make_requests(replace(spec, arrival_seed=3)) == slow  # the workload's own seed by default

@@ -25,11 +25,13 @@ def usable(record: Mapping[str, Any], stage: str) -> bool:
 
 
 def measure_rate(slot: WarmSlot, flags: Mapping[str, Any], rate: float, context: Mapping[str, Any], log: RecordLog,
-                 settings: CapacitySettings, arm: str, say: Callable[[str], None]) -> dict[str, Any]:
-    """The record of one usable run at `rate`, or of a failed one (status != ok: the caller decides what a
-    failure means). Raises ClientTooSlow."""
+                 settings: CapacitySettings, arm: str, say: Callable[[str], None], replicate: int = 0
+                 ) -> dict[str, Any]:
+    """The record of one usable run at `rate` (its `replicate`-th there: its arrival schedule), or of a failed
+    one (status != ok: the caller decides what a failure means). Raises ClientTooSlow."""
     for _ in range(MAX_VOID):
-        record = slot.measure(dict(flags), arm, len(log.records), dict(context), workload=settings.at(rate))
+        record = slot.measure(dict(flags), arm, len(log.records), dict(context),
+                              workload=settings.at(rate, replicate))
         behind = (record.get("lateness_s") or {}).get("beyond_steps_p99") or 0.0
         if record["status"] == "ok" and behind > max(BEHIND_S, 0.05 * (settings.slo.p95_ttft_s or 0.0)):
             record["void"] = (f"the client fell behind its arrival schedule (p99 {behind * 1e3:.0f} ms beyond "

@@ -91,6 +91,10 @@ class RateSearch:
             self.plan = [x for rep in range(self.knee_replicates) for x in (grid if rep % 2 == 0 else grid[::-1])]
         return float(self.plan[len(self.knee_runs)]), "knee"
 
+    def replicate_of(self, rate: float) -> int:
+        """How many runs at this rate came before: the next one's replicate index (its arrival schedule)."""
+        return sum(abs(r.rate - rate) <= 1e-9 * rate for r in self.runs)
+
     def tell(self, rate: float, met: int, counted: int, stage: str) -> None:
         self.runs.append(Run(rate, met, counted, stage))
 

@@ -99,7 +99,7 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
         rate, stage = step
         try:
             record = measure_rate(slot, flags, rate, {"stage": STAGE, "search_stage": stage}, log, settings, STAGE,
-                                  say)
+                                  say, replicate=search.replicate_of(rate))
         except ClientTooSlow as exc:
             say(f"[red]{exc}[/]")
             return 1

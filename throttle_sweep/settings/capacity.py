@@ -35,10 +35,13 @@ class CapacitySettings:
     spec: WorkloadSpec  # an open loop; its rate is the first run's
     run_s: float
 
-    def at(self, rate: float) -> dict[str, Any]:
+    def at(self, rate: float, replicate: int = 0) -> dict[str, Any]:
         """The workload of a run at `rate`: arrivals spanning at least run_s, so that a fast rate still reaches
-        a steady queue (a fixed count would arrive at once and drain, whatever the engine's capacity)."""
-        return {"loop": "open", "rate": rate, "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s))}
+        a steady queue (a fixed count would arrive at once and drain, whatever the engine's capacity). The
+        `replicate`-th run at a rate draws its own arrival schedule (the same prompts): which schedule a run
+        drew is part of its noise, which replicates that shared one would never show."""
+        return {"loop": "open", "rate": rate, "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s)),
+                "arrival_seed": self.spec.seed + replicate}
 
 
 def positive(value: object, key: str) -> float:
