@@ -19,8 +19,11 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.records import read_records
 
 # the fake serves more requests a second with more sequences at once: its capacity rises with max_num_seqs
+# runs of 200+ requests over 20 s: a run's attainment varies with the Poisson schedule it drew, and shorter runs
+# put the knee where a lucky schedule fell
 SMALL = ("backend=fake", "+space=batching", "study.objective=goodput", "workload=open_loop",
-         "workload.num_requests=100", "capacity.run_s=5", "capacity.knee_rates=4", "slo.p95_ttft_s=0.2",
+         "workload.num_requests=200", "workload.output_len=32", "capacity.run_s=20", "capacity.knee_rates=4",
+         "slo.p95_ttft_s=0.2",
          "slo.p95_tpot_s=0.05", "space.max_num_seqs.high=16", "space.max_num_batched_tokens.choices=[2048]",
          "study.n_trials=4", "fake.noise_sd=0.02", "plots=false", "study.name=g")
 
@@ -48,7 +51,7 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
     assert fleet["replicas"] == math.ceil(40 / winner["capacity_rps"]) == fleet["gpus"]
     assert fleet["usd_per_hour"] == pytest.approx(1.39 * fleet["replicas"])
     assert winner["usd_per_mtok_at_capacity"] == pytest.approx(
-        1.39 / 3600 / (winner["capacity_rps"] * 0.9 * 128) * 1e6)  # 128 output tokens a request (open_loop)
+        1.39 / 3600 / (winner["capacity_rps"] * 0.9 * 32) * 1e6)  # 32 output tokens a request
     assert f"for 40 req/s: {fleet['replicas']} replicas" in said
     # the confirmation's runs interleave: at each rate step, every confirmed configuration runs before the next
     runs = [r for r in read_records(tmp_path / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
@@ -108,7 +111,8 @@ def costed(label, rate, low, high, gpus=1):
 def test_the_pick_is_the_cheapest_fleet_for_the_target_and_names_overlapping_costs():
     a, b, c = costed("a", 10.0, 9.0, 11.0), costed("b", 9.5, 8.0, 10.5), costed("c", 30.0, 28.0, 32.0, gpus=4)
     assert a.fleet(40)["replicas"] == 4 and a.fleet(40)["replicas_ci"] == [4, 5]
-    assert c.fleet(40) == {"target_rps": 40, "replicas": 2, "replicas_ci": [2, 2], "gpus": 8, "usd_per_hour": 16.0}
+    assert c.fleet(40) == {"target_rps": 40, "replicas": 2, "replicas_ci": [2, 2], "gpus": 8, "usd_per_hour": 16.0,
+                           "replicas_sure": 2, "usd_per_hour_sure": 16.0}
     # per token: a (10 req/s on 1 GPU) beats c (30 on 4); b overlaps a
     assert pick([a, b, c], None) == (a, [b])
     # 40 req/s: a needs 4 x $2, b 5 x $2, c 2 x $8 = $16
@@ -126,3 +130,29 @@ def test_the_export_serves_the_defaults_the_winner_was_measured_with(tmp_path, m
     assert code == 0, said
     served = (tmp_path / "g" / "best" / "vllm_config.yaml").read_text()
     assert "max-num-batched-tokens: 4096" in served
+
+
+def test_the_claim_against_the_baseline_reads_one_sided_bounds_and_the_fleet_says_what_is_sure():
+    """The claim needs the winner's lower capacity bound and the baseline's upper one: m one-sided errors over
+    a family of m, each at alpha / m (the two-sided intervals shown err at alpha / 2m a side). The replicas to
+    deploy are those the capacity's lower bound needs: the estimate itself keeps the SLO only just."""
+    from throttle_sweep.capacity.pick import cheaper_beyond_doubt
+
+    base = Costed("baseline", {}, Price(2.0, 1), Knee(5.0, 4.0, 6.2, ()), 100.0, 0.9, claim=Knee(5.0, 4.2, 5.8, ()))
+    win = Costed("trial 1", {}, Price(2.0, 1), Knee(7.0, 6.0, 8.0, ()), 100.0, 0.9, claim=Knee(7.0, 6.1, 7.9, ()))
+    assert cheaper_beyond_doubt(win, base)  # 6.1 above 5.8, though 6.0 is not above 6.2
+    assert pick([win], None) == (win, [])
+    fleet = win.fleet(40.0)
+    assert fleet["replicas"] == 6 and fleet["replicas_sure"] == 7 and fleet["usd_per_hour_sure"] == 14.0
+    assert costed("open", 5.0, None, 6.0).fleet(40.0)["replicas_sure"] is None  # no lower bound: none sure
+
+
+def test_a_baseline_cheaper_than_every_configuration_is_the_answer_and_nothing_is_exported(tmp_path):
+    """Every configuration tried runs fewer sequences at once than the baseline: the sweep says no
+    configuration is cheaper than the baseline, exits 1 and exports nothing (an earlier export is moved
+    aside). The claim beyond doubt is tested on its own below (pick.cheaper_beyond_doubt)."""
+    (tmp_path / "g" / "best").mkdir(parents=True)
+    code, said = run(tmp_path, "baseline.max_num_seqs=16", "space.max_num_seqs.high=2", "study.n_trials=2")
+    assert code == 1, said
+    assert "no configuration tried is cheaper than the baseline's estimate" in said and "exported:" not in said
+    assert not (tmp_path / "g" / "best").exists() and list((tmp_path / "g").glob("best.superseded-*"))

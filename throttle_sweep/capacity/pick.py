@@ -18,9 +18,10 @@ class Costed:
     label: str  # "baseline" | "trial N"
     params: dict
     price: Price  # charged for its flags: every GPU one replica holds
-    knee: Knee  # from its confirmation runs, at the family's alpha
+    knee: Knee  # from its confirmation runs, two-sided at alpha / (family): what is shown, and the ties
     tokens: float  # output tokens per request
     attainment: float  # the SLO's share: goodput counts the requests that meet it
+    claim: Knee | None = None  # the same runs one-sided at alpha / (family) a side: the claim against the baseline
 
     def usd_per_mtok(self, rate: float | None) -> float | None:
         """Per million output tokens of requests meeting the SLO, one replica serving `rate`."""
@@ -29,8 +30,18 @@ class Costed:
         return self.price.usd_per_gpu_hour * self.price.gpus / 3600 / (rate * self.attainment * self.tokens) * 1e6
 
     @property
+    def rate(self) -> float | None:
+        """The capacity estimate; where the knee runs' attainment stayed above the target at every rate, their
+        lower bound (`at_least`): a configuration its confirmation places too low is kept, conservatively."""
+        return self.knee.capacity_rps if self.knee.capacity_rps is not None else self.knee.low
+
+    @property
+    def at_least(self) -> bool:
+        return self.knee.capacity_rps is None and self.knee.low is not None
+
+    @property
     def cost(self) -> float | None:
-        return self.usd_per_mtok(self.knee.capacity_rps)
+        return self.usd_per_mtok(self.rate)
 
     @property
     def cost_ci(self) -> tuple[float | None, float | None]:
@@ -41,12 +52,15 @@ class Costed:
         return math.ceil(target / rate - 1e-9) if rate else None
 
     def fleet(self, target: float) -> dict[str, object]:
-        """Replicas for the target rate at the estimate and across the interval, their GPUs and $/h."""
-        need = self.replicas(target, self.knee.capacity_rps)
+        """Replicas for the target rate at the estimate, across the interval, and those its lower bound needs
+        (`replicas_sure`: the estimate is where attainment just meets the target, with no headroom; None when
+        no rate held beyond doubt), with their GPUs and $/h."""
+        need = self.replicas(target, self.rate)
         most, fewest = self.replicas(target, self.knee.low), self.replicas(target, self.knee.high)
         per_hour = self.price.usd_per_gpu_hour * self.price.gpus
         return {"target_rps": target, "replicas": need, "replicas_ci": [fewest, most],
-                "gpus": need * self.price.gpus if need else None, "usd_per_hour": need * per_hour if need else None}
+                "gpus": need * self.price.gpus if need else None, "usd_per_hour": need * per_hour if need else None,
+                "replicas_sure": most, "usd_per_hour_sure": most * per_hour if most else None}
 
 
 def sort_key(c: Costed, target: float | None) -> tuple[float, float]:
@@ -66,8 +80,12 @@ def overlaps(a: Costed, b: Costed) -> bool:
 
 
 def cheaper_beyond_doubt(a: Costed, b: Costed) -> bool:
-    a_high, b_low = a.cost_ci[1], b.cost_ci[0]
-    return a_high is not None and b_low is not None and a_high < b_low
+    """a's capacity above b's beyond doubt, per dollar: a's lower bound against b's upper, one-sided bounds
+    (`claim`) where known. Across a family of m, a false claim needs one of m one-sided misses (the winner
+    selected among the candidates' lower sides, the baseline's upper side), each at alpha / m."""
+    a_low, b_high = (a.claim or a.knee).low, (b.claim or b.knee).high
+    a_cost, b_cost = a.usd_per_mtok(a_low), b.usd_per_mtok(b_high)
+    return a_cost is not None and b_cost is not None and a_cost < b_cost
 
 
 def pick(candidates: Sequence[Costed], target: float | None) -> tuple[Costed | None, list[Costed]]:

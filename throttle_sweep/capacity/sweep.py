@@ -62,8 +62,9 @@ class Contender:
         return sorted(set(plan))
 
 
-# measure(contender, rate, stage, search_stage) -> a usable record, or a failed one (status != ok)
-Measure = Callable[[Contender, float, str, str], dict[str, Any]]
+# measure(contender, rate, stage, search_stage, replicate) -> a usable record, or a failed one (status != ok);
+# `replicate`: the run's index at that rate, its arrival schedule
+Measure = Callable[[Contender, float, str, str, int], dict[str, Any]]
 
 
 class GoodputSweep:
@@ -109,10 +110,10 @@ class GoodputSweep:
                 seen[flags_key(flags)] = c
                 self.trials.append(c)
             rate = c.screen_rate()
-            if c.failed or rate is None:
+            if c.failed:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            else:
-                self.study.tell(trial, self.usd_per_mtok(c, rate))
+            else:  # an SLO never kept costs more than at min_rate: TPE learns from that, not from a FAIL it skips
+                self.study.tell(trial, self.usd_per_mtok(c, rate or c.search.min_rate))
 
     def usd_per_mtok(self, c: Contender, rate: float) -> float:
         tokens = per_request_tokens(c.records) or 1.0
@@ -123,7 +124,8 @@ class GoodputSweep:
         replay = list(self.recorded.get((SCREEN, c.label), []))
         while (step := c.search.next()) is not None:
             rate, stage = step
-            record = replayed(replay, c, rate) if replay else self.measure_run(c, rate, SCREEN, stage)
+            record = replayed(replay, c, rate) if replay else self.measure_run(c, rate, SCREEN, stage,
+                                                                               c.search.replicate_of(rate))
             if record.get("status") != "ok":
                 c.failed = str(record.get("reason"))
                 self.say(f"  {c.label} failed at {rate:g} req/s: {c.failed}; it is out")
@@ -149,13 +151,14 @@ class GoodputSweep:
             members = family if p % 2 == 0 else family[::-1]
             steps = range(max(len(c.knee_rates()) for c in family))
             for i in (steps if p % 2 == 0 else reversed(steps)):
-                order += [(c, c.knee_rates()[i]) for c in members if i < len(c.knee_rates())]
+                # pass p draws arrival schedule p for every configuration: common random numbers
+                order += [(c, c.knee_rates()[i], p) for c in members if i < len(c.knee_rates())]
         replay = {c.label: list(self.recorded.get((CONFIRM, c.label), [])) for c in family}
-        for c, rate in order:
+        for c, rate, p in order:
             if c.failed:
                 continue
             record = replayed(replay[c.label], c, rate) if replay[c.label] else self.measure_run(c, rate, CONFIRM,
-                                                                                               "confirm")
+                                                                                               "confirm", p)
             if record.get("status") != "ok":
                 c.failed = f"failed in confirmation: {record.get('reason')}"
                 self.say(f"  {c.label} {c.failed}; it is out")
@@ -163,8 +166,11 @@ class GoodputSweep:
             c.records.append(record)
             c.confirm_runs.append((rate, *met_of(record, self.settings)))
 
-    def knee_of(self, c: Contender, family: int) -> Knee:
-        return fit_knee(c.confirm_runs, self.settings.slo.attainment, alpha=0.05 / max(1, family))
+    def knee_of(self, c: Contender, family: int, one_sided: bool = False) -> Knee:
+        """Its confirmed capacity, each side at alpha / (2 x family); `one_sided`: at alpha / family a side,
+        for the claim against the baseline, which reads one side of each (pick.cheaper_beyond_doubt)."""
+        alpha = 0.05 / max(1, family)
+        return fit_knee(c.confirm_runs, self.settings.slo.attainment, alpha=2 * alpha if one_sided else alpha)
 
 
 def replayed(replay: list[dict[str, Any]], c: Contender, rate: float) -> dict[str, Any]:

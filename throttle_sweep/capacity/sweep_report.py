@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick
+from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick, sort_key
 from throttle_sweep.capacity.report import per_request_tokens
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
 from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
@@ -37,21 +37,36 @@ def screen_line(sweep: GoodputSweep, c: Contender) -> str:
 
 def costed_of(sweep: GoodputSweep, c: Contender, family: int) -> Costed:
     return Costed(c.label, c.params, c.price, sweep.knee_of(c, family), per_request_tokens(c.records),
-                  sweep.settings.slo.attainment)
+                  sweep.settings.slo.attainment, claim=sweep.knee_of(c, family, one_sided=True))
 
 
 def confirmed_line(c: Costed, target: float | None) -> str:
     knee = c.knee
-    if knee.capacity_rps is None:
-        return f"  {c.label:<9} its fresh knee runs did not cross the SLO's attainment: no capacity"
+    if c.rate is None:
+        return f"  {c.label:<9} its fresh knee runs stayed below the SLO's attainment: no capacity"
     low, high = c.cost_ci
-    line = (f"  {c.label:<9} capacity {knee.capacity_rps:.3g} req/s {interval(knee.low, knee.high)}  "
+    line = (f"  {c.label:<9} capacity {capacity_words(c)} {interval(knee.low, knee.high)}  "
             f"${c.cost:.4g}/M output tokens {interval(low, high, '.4g')}")
     if target is not None:
         fleet = c.fleet(target)
         line += (f"  for {target:g} req/s: {fleet['replicas']} replicas {interval(*fleet['replicas_ci'], 'd')} = "
                  f"{fleet['gpus']} GPUs, ${fleet['usd_per_hour']:.4g}/h")
     return line
+
+
+def capacity_words(c: Costed) -> str:
+    if c.at_least:
+        return f"at least {c.rate:.3g} req/s (its knee runs kept the SLO at every rate: the highest held beyond doubt)"
+    return f"{c.rate:.3g} req/s"
+
+
+def fleet_words(c: Costed, target: float) -> str:
+    fleet = c.fleet(target)
+    sure = (f"{fleet['replicas_sure']} to keep the SLO with 95% confidence (${fleet['usd_per_hour_sure']:.4g}/h, "
+            "its capacity's lower bound)" if fleet["replicas_sure"] else
+            "how many keep it with 95% confidence is open: no knee rate held beyond doubt")
+    return (f"for {target:g} req/s: {fleet['replicas']} replicas at the capacity estimate (${fleet['usd_per_hour']:.4g}"
+            f"/h, {c.price.gpus} GPU{'s' if c.price.gpus > 1 else ''} each), {sure}")
 
 
 def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | None
@@ -70,26 +85,42 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": sweep.price.label(),
                                "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
                                "confirmed": [costed_summary(c, target) for c in costed]}
+    if winner is not None and base is not None and base.cost is not None and not (
+            sort_key(winner, target) < sort_key(base, target) and not cheaper_beyond_doubt(base, winner)):
+        beaten = cheaper_beyond_doubt(base, winner)
+        lines.append(versus_baseline(winner, base) if beaten else "no configuration tried is cheaper than the "
+                     f"baseline's estimate ({versus_baseline(winner, base)})")
+        lines += unconfirmed(sweep, None)
+        summary["winner"] = None
+        return lines, summary, None
     if winner is None:
         lines.append(no_winner(sweep))
         summary["winner"] = None
         return lines, summary, None
     low, high = winner.cost_ci
-    line = (f"winner: {winner.label} {fmt_params(winner.params)}: capacity {winner.knee.capacity_rps:.3g} req/s "
+    line = (f"winner: {winner.label} {fmt_params(winner.params)}: capacity {capacity_words(winner)} "
             f"{interval(winner.knee.low, winner.knee.high)}, ${winner.cost:.4g} per million output tokens "
             f"{interval(low, high, '.4g')} ({winner.price.label()})")
     if target is not None:
-        fleet = winner.fleet(target)
-        line += (f"; for {target:g} req/s: {fleet['replicas']} replicas = {fleet['gpus']} GPUs, "
-                 f"${fleet['usd_per_hour']:.4g}/h")
+        line += "; " + fleet_words(winner, target)
     lines.append(line)
     lines.append(versus_baseline(winner, base))
+    lines += unconfirmed(sweep, winner)
     if tied:
         lines.append("tied with the winner (their cost intervals overlap its own): "
                      + ", ".join(f"{c.label} {fmt_params(c.params)}" for c in tied))
     summary["winner"] = {**costed_summary(winner, target), "tied": [c.label for c in tied],
                          "cheaper_than_baseline": base is not None and cheaper_beyond_doubt(winner, base)}
     return lines, summary, winner
+
+
+def unconfirmed(sweep: GoodputSweep, winner: Costed | None) -> list[str]:
+    """Configurations whose SLO held up to capacity.max_rate: not confirmed (no knee), perhaps cheaper."""
+    kept = [c for c in [sweep.baseline, *sweep.trials] if not c.failed and c.search.status == ALWAYS_MET]
+    return [f"not confirmed: {c.label} {fmt_params(c.params)} kept the SLO up to capacity.max_rate="
+            f"{c.search.max_rate:g} req/s (at most ${sweep.usd_per_mtok(c, c.search.max_rate):.4g}/M"
+            + (f", against the winner's ${winner.cost:.4g}" if winner is not None and winner.cost else "")
+            + "): raise capacity.max_rate to measure it" for c in kept]
 
 
 def versus_baseline(winner: Costed, base: Costed | None) -> str:
@@ -126,7 +157,7 @@ def screen_summary(sweep: GoodputSweep, c: Contender) -> dict[str, Any]:
 
 
 def costed_summary(c: Costed, target: float | None) -> dict[str, Any]:
-    return {"config": c.label, "params": c.params, "capacity_rps": c.knee.capacity_rps,
+    return {"config": c.label, "params": c.params, "capacity_rps": c.rate, "capacity_at_least": c.at_least,
             "capacity_ci": [c.knee.low, c.knee.high], "usd_per_mtok_at_capacity": c.cost,
             "usd_per_mtok_ci": list(c.cost_ci), "gpus_per_replica": c.price.gpus,
-            **({"fleet": c.fleet(target)} if target is not None and c.knee.capacity_rps else {})}
+            **({"fleet": c.fleet(target)} if target is not None and c.rate else {})}

@@ -14,6 +14,7 @@ from rich.console import Console
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
 from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
 from throttle_sweep.capacity.sweep_report import answer, fmt_params
+from throttle_sweep.commands.export import move_aside
 from throttle_sweep.provenance import claim_run_folder, overrides_for
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
@@ -32,10 +33,10 @@ def run(cfg: DictConfig, console: Console) -> int:
         log = RecordLog(r.out / "replicates.jsonl", say=say)
         slot = WarmSlot(r.engine, r.capacity.spec, r.price, run_id=r.out.name, **r.warm)
 
-        def measure(c: Contender, rate: float, stage: str, search_stage: str) -> dict[str, Any]:
+        def measure(c: Contender, rate: float, stage: str, search_stage: str, replicate: int) -> dict[str, Any]:
             context = {"stage": stage, "search_stage": search_stage, "config": c.label, "params": c.params}
             record = measure_rate(slot, c.flags, rate, context, log, r.capacity,
-                                  "baseline" if c.label == BASELINE else "candidate", say)
+                                  "baseline" if c.label == BASELINE else "candidate", say, replicate)
             if record["status"] == "ok":
                 met, counted = met_of(record, r.capacity)
                 say(run_line(f"{c.label} {search_stage}", rate, record, met, counted,
@@ -68,6 +69,8 @@ def run(cfg: DictConfig, console: Console) -> int:
     (r.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     say(f"summary: {r.out / 'summary.json'}")
     if winner is None:
+        if (r.out / "best").exists():  # an earlier run's winner is not this one's answer
+            say(f"no winner to export; the earlier export was moved to {move_aside(r.out / 'best')}")
         return 1
     export(r, winner.params, summary["winner"], served_defaults(log.records, winner.label), say)
     return 0
