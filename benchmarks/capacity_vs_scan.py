@@ -76,7 +76,7 @@ def scan(tmp: Path, name: str, overrides: list[str], center: float, args: argpar
         for rep in range(args.reps):
             for rate in rates if rep % 2 == 0 else rates[::-1]:
                 rec = measure_rate(slot, r.flags, rate, {"stage": STAGE, "search_stage": "scan"}, log, r.settings,
-                                   STAGE, print)
+                                   STAGE, print, replicate=rep)  # the rep-th schedule, as the search's knee
                 assert rec["status"] == "ok", rec.get("reason")
                 points.append((rate, *met_of(rec, r.settings)))
     finally:
