@@ -56,8 +56,11 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
     # the confirmation's runs interleave: at each rate step, every confirmed configuration runs before the next
     runs = [r for r in read_records(tmp_path / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
     k = len(summary["confirmed"])
-    assert len(runs) == k * 4 * 4  # 4 knee rates x 4 passes each
-    assert all(len({r["config"] for r in runs[i:i + k]}) == k for i in range(0, len(runs), k))
+    per_config = {c["config"]: sum(r["config"] == c["config"] for r in runs) for c in summary["confirmed"]}
+    assert all(n == 4 * 4 for c, n in per_config.items() if c != "baseline")  # 4 knee rates x 4 passes each
+    assert per_config["baseline"] >= 4 * 4 and k == 3
+    # interleaved: no candidate runs twice in a row (the baseline does, at the rates only it runs)
+    assert all(a["config"] != b["config"] for a, b in zip(runs, runs[1:], strict=False) if a["config"] != "baseline")
     best = json.loads((tmp_path / "g" / "best" / "best.json").read_text())
     assert best["fleet"]["replicas"] == fleet["replicas"] and best["params"] == winner["params"]
     assert f"max-num-seqs: {winner['params']['max_num_seqs']}" in (tmp_path / "g" / "best" / "vllm_config.yaml").read_text()
@@ -156,3 +159,21 @@ def test_a_baseline_cheaper_than_every_configuration_is_the_answer_and_nothing_i
     assert code == 1, said
     assert "no configuration tried is cheaper than the baseline's estimate" in said and "exported:" not in said
     assert not (tmp_path / "g" / "best").exists() and list((tmp_path / "g").glob("best.superseded-*"))
+
+
+def test_the_baseline_also_runs_at_each_candidates_lowest_knee_rate_so_its_capacity_is_bounded_above(tmp_path):
+    """A baseline whose own knee rates all kept the SLO (its screen placed them low) has no upper bound, and
+    then no saving against it can be claimed. In confirmation it also runs at each confirmed candidate's
+    lowest knee rate (above its own: the fixed-order test reads it from the top), where it fails beyond
+    doubt: its capacity is bounded above."""
+    code, said = run(tmp_path, "workload.target_rps=40")
+    assert code == 0, said
+    records = [r for r in read_records(tmp_path / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    base_rates = {r["workload"]["rate"] for r in records if r["config"] == "baseline"}
+    for c in summary["confirmed"][1:]:
+        lowest = min(r["workload"]["rate"] for r in records if r["config"] == c["config"])
+        assert lowest in base_rates
+    base = summary["confirmed"][0]
+    assert base["config"] == "baseline" and base["capacity_ci"][1] is not None
+    assert base["capacity_ci"][1] <= min(c["capacity_rps"] for c in summary["confirmed"][1:])

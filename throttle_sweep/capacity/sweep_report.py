@@ -65,8 +65,9 @@ def fleet_words(c: Costed, target: float) -> str:
     sure = (f"{fleet['replicas_sure']} to keep the SLO with 95% confidence (${fleet['usd_per_hour_sure']:.4g}/h, "
             "its capacity's lower bound)" if fleet["replicas_sure"] else
             "how many keep it with 95% confidence is open: no knee rate held beyond doubt")
-    return (f"for {target:g} req/s: {fleet['replicas']} replicas at the capacity estimate (${fleet['usd_per_hour']:.4g}"
-            f"/h, {c.price.gpus} GPU{'s' if c.price.gpus > 1 else ''} each), {sure}")
+    n = fleet["replicas"]
+    return (f"for {target:g} req/s: {n} replica{'s' if n != 1 else ''} at the capacity estimate "
+            f"(${fleet['usd_per_hour']:.4g}/h, {c.price.gpus} GPU{'s' if c.price.gpus > 1 else ''} each), {sure}")
 
 
 def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | None
