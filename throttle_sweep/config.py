@@ -38,6 +38,7 @@ class WorkloadConf:
     vocab_limit: int = 1000
     replicate_s: float | None = None  # size the work by time, from one calibration run of the baseline
     target_rps: float | None = None  # a goodput sweep: the traffic to serve, which sizes the replicas
+    arrival_seed: int | None = None  # open loop: the arrivals' own random stream (null: seed)
 
 
 @dataclass
