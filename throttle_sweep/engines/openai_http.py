@@ -27,10 +27,10 @@ from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.errors import EngineRunError
 
 WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still there
-# KV-cache usage is sampled from /metrics while requests are in flight: 0.25 s into a replicate, then at twice
-# the last gap, up to every KV_SAMPLE_S. Each read costs vLLM's API server 4-8 ms on its event loop: every 0.2 s
-# throughout doubled p95 TTFT at 40 req/s here (benchmarks/vs_vllm_bench.py); a short run still gets samples
-KV_FIRST_S, KV_SAMPLE_S = 0.25, 1.0
+# KV-cache usage is sampled from /metrics this often while requests are in flight. Each read costs vLLM's API
+# server 4-8 ms on its event loop (benchmarks/vs_vllm_bench.py: at 40 req/s a reader this often beside vLLM's own
+# client doubled its p95 TTFT); sampled less often, a short run's peak was missed (0.0 on 0.4 s runs). Open.
+KV_SAMPLE_S = 0.2
 SETTLE_S = 0.05  # between two reads of a counter that must agree
 
 
@@ -102,7 +102,6 @@ class HttpSession(WallClock):
         self._events: queue.Queue[Chunk | StreamFailed] = queue.Queue()
         self._open = 0  # requests added and not yet finished or failed
         self._kv_peak = 0.0
-        self._kv_gap = KV_FIRST_S
         self._kv_lock = threading.Lock()  # the loop thread samples, the driver's thread reads and resets
         self.prefix_cache_reset: bool | None = None  # did the last reset work (None: not tried)
         self._loop = asyncio.new_event_loop()
@@ -181,12 +180,10 @@ class HttpSession(WallClock):
                         self._kv_peak = max(self._kv_peak, usage)
             except httpx.HTTPError:
                 pass  # a missed sample; a dead server shows in the streams themselves
-            await asyncio.sleep(self._kv_gap)
-            self._kv_gap = min(2 * self._kv_gap, KV_SAMPLE_S)
+            await asyncio.sleep(KV_SAMPLE_S)
 
     # ---- EngineSession --------------------------------------------------------------------------------
     def begin_replicate(self, index: int) -> None:
-        self._kv_gap = KV_FIRST_S  # each replicate's first samples come soon after it starts
         self.reset_prefix_cache()
 
     def add(self, request: Request) -> None:
