@@ -23,9 +23,9 @@ from typing import Any
 import optuna
 
 from throttle_sweep.capacity.knee import Knee, fit_knee
-from throttle_sweep.capacity.report import per_request_tokens
+from throttle_sweep.capacity.report import at_rate, per_request_tokens
 from throttle_sweep.capacity.runs import met_of
-from throttle_sweep.capacity.search import ALWAYS_MET, FOUND, NEVER_MET, RateSearch
+from throttle_sweep.capacity.search import ALWAYS_MET, FOUND, RateSearch
 from throttle_sweep.cost import Price
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ConfigError
@@ -116,8 +116,7 @@ class GoodputSweep:
                 self.study.tell(trial, self.usd_per_mtok(c, rate or c.search.min_rate))
 
     def usd_per_mtok(self, c: Contender, rate: float) -> float:
-        tokens = per_request_tokens(c.records) or 1.0
-        return c.price.usd_per_gpu_hour * c.price.gpus / 3600 / (rate * self.settings.slo.attainment * tokens) * 1e6
+        return at_rate(rate, per_request_tokens(c.records) or 1.0, self.settings.slo, c.price)["usd_per_mtok"]
 
     def search_one(self, c: Contender) -> None:
         """Its rate search: the recorded runs replayed, then measured on until the search ends."""
@@ -204,7 +203,3 @@ def best_attainment(c: Contender) -> tuple[float, float] | None:
     """(attainment, rate) of its best run: what an SLO it never met came to."""
     best = c.search.best()
     return (best.attainment, best.rate) if best is not None else None
-
-
-def never_met(contenders: list[Contender]) -> bool:
-    return all(c.failed or c.search.status == NEVER_MET for c in contenders)

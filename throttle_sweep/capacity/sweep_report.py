@@ -11,10 +11,11 @@ from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick, sor
 from throttle_sweep.capacity.report import per_request_tokens
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
 from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
+from throttle_sweep.search.report import fmt_params as sweep_params
 
 
 def fmt_params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(the engine's flags)"
+    return sweep_params(params) or "(the engine's flags)"
 
 
 def interval(low: float | None, high: float | None, digits: str = ".3g") -> str:
