@@ -31,13 +31,15 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_warm_server_counts_each_replicates_own_preemptions_and_is_gone_after(tmp_path):
-    """12 requests of 32+128 tokens with 2 MiB of KV cache: at max_num_seqs=12 the server preempts on every
-    replicate of one warm server (its prefix cache reset between), each replicate counting its own; every
-    request produces its exact length. How many times is not exact over HTTP, unlike in-process: the requests
-    reach the server one by one, and where each lands among the engine's steps moves the schedule (CI saw 5
-    then 6 on one server). The sweep's boundary recheck is what catches that (search/boundary.py)."""
+    """36 requests of 32+128 tokens, 12 in flight, with 2 MiB of KV cache (three waves: a run long enough for
+    several 0.2 s reads of its KV usage while the cache is full). At max_num_seqs=12 the server preempts on every
+    replicate of one warm server (its prefix cache reset between), each replicate counting its own: the counts
+    add up to the server's own counter. Every request produces its exact length. How many times is not exact
+    over HTTP, unlike in-process: the requests reach the server one by one, and where each lands among the
+    engine's steps moves the schedule (CI saw 1 then 5 against 5 in-process; 12 then 14 against 8). The
+    sweep's boundary recheck is what catches that (search/boundary.py)."""
     engine = VllmServerEngine(log_dir=tmp_path / "logs", start_timeout_s=300)
-    spec = WorkloadSpec(num_requests=12, prompt_len=32, output_len=128, concurrency=12, warmup_requests=0)
+    spec = WorkloadSpec(num_requests=36, prompt_len=32, output_len=128, concurrency=12, warmup_requests=0)
     session = engine.start({**EDGE, "max_num_seqs": 12})
     port, pid = session.port, session.process.pid
     try:
@@ -45,11 +47,12 @@ def test_a_warm_server_counts_each_replicates_own_preemptions_and_is_gone_after(
         for index in range(2):
             session.begin_replicate(index)
             records.append(measure_on(session, {"max_num_seqs": 12}, spec, Price(1.39, 1), {}))
+        server_total = session.preemptions()
     finally:
         session.close()
     assert [r["status"] for r in records] == ["ok", "ok"], [r.get("reason") for r in records]
     assert all(r["preemptions"] > 0 for r in records), [r["preemptions"] for r in records]
-    assert all(r["output_tokens"] == 12 * 128 and r["requests_wrong_length"] == 0 for r in records)
+    assert all(r["output_tokens"] == 36 * 128 and r["requests_wrong_length"] == 0 for r in records)
     assert session.prefix_cache_reset is True
     alone = VllmInprocEngine().start({**EDGE, "max_num_seqs": 12})  # the same work on the in-process engine
     try:
@@ -57,13 +60,13 @@ def test_a_warm_server_counts_each_replicates_own_preemptions_and_is_gone_after(
     finally:
         alone.close()
     assert records[0]["kv_cache"] == inproc["kv_cache"] and records[0]["kv_cache"]["blocks"]
-    # the in-process engine preempts on the same work; a count that carried the last replicate's over (a
-    # cumulative counter read as a delta, or the first read too early) would double the second's
+    # each replicate's count is its own: a cumulative counter read as a delta, or a first read too early,
+    # would not add up to the server's counter; the in-process engine preempts on the same work
+    assert sum(r["preemptions"] for r in records) == server_total, ([r["preemptions"] for r in records], server_total)
     assert inproc["preemptions"] > 0
-    assert all(inproc["preemptions"] / 2 <= r["preemptions"] <= inproc["preemptions"] * 1.5 for r in records), (
-        [r["preemptions"] for r in records], inproc["preemptions"])
     # sampled from /metrics while it ran
-    assert all(r["peak_kv_cache_usage"] > 0.5 for r in records), [(r["peak_kv_cache_usage"], r["wall_s"]) for r in records]
+    assert all(r["peak_kv_cache_usage"] > 0.5 for r in records), [
+        (r["peak_kv_cache_usage"], r["wall_s"]) for r in records]
     assert not psutil.pid_exists(pid) and pid not in servers_running() and port_is_free(port)
 
 
