@@ -113,3 +113,12 @@ def gpu_check():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# a goodput sweep over two pretend GPU types on the fake engine: B steps 4x faster than A (add cost.prices)
+GOODPUT_TYPED = ("backend=fake", "+space=batching", "study.objective=goodput", "workload=open_loop",
+                 "workload.num_requests=100", "workload.output_len=32", "capacity.run_s=10", "capacity.knee_rates=3",
+                 "slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05", "space.max_num_seqs.low=4",
+                 "space.max_num_seqs.high=16", "space.max_num_batched_tokens.choices=[2048]", "study.n_trials=3",
+                 "study.confirm_top=1", "fake.noise_sd=0.02", "fake.type_speed={A: 1.0, B: 4.0}", "plots=false",
+                 "study.name=g", "ray.enabled=true")

@@ -103,8 +103,10 @@ class SlotActor:
     the same node and GPU: an engine that crashes fails its replicate, and the actor replaces it."""
 
     def __init__(self, engine: Engine, spec: WorkloadSpec, price: Price, run_id: str, slot: int,
-                 warm: dict[str, Any]) -> None:
-        self.slot = slot
+                 warm: dict[str, Any], gpu_type: str | None = None) -> None:
+        self.slot, self.gpu_type = slot, gpu_type
+        if gpu_type is not None and hasattr(engine, "on_gpu_type"):  # the fake engine's pretend types
+            engine = engine.on_gpu_type(gpu_type)
         self.engines = WarmSlot(engine, spec, price, run_id=run_id, name=f"ray-{slot}", **warm)
         self.engines.warm_up()  # the engine processes import vLLM while the other slots are placed
 
@@ -115,12 +117,13 @@ class SlotActor:
         ctx = ray.get_runtime_context()
         return {"slot": f"ray-{self.slot}", "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "host": socket.gethostname(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
-                "actor_id": ctx.get_actor_id()}
+                "actor_id": ctx.get_actor_id(), **({"gpu_type": self.gpu_type} if self.gpu_type else {})}
 
-    def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any]
-                ) -> dict[str, Any]:
+    def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any],
+                workload: Mapping[str, Any] | None = None) -> dict[str, Any]:
         where = self.where()
-        return self.engines.measure(flags, arm, position, {**context, "slot": where["slot"], "placement": where})
+        return self.engines.measure(flags, arm, position, {**context, "slot": where["slot"], "placement": where},
+                                    workload=workload)
 
 
 @dataclass
@@ -195,7 +198,8 @@ class RayPool(HeldRecords):
     def submit(self, job: Job) -> None:
         actor = self.actors[job.slot]
         ping = actor.where.remote()  # an actor runs its calls in order: this one answers before the replicate
-        ref = actor.measure.remote(dict(job.flags), job.arm, job.position, dict(job.context))
+        ref = actor.measure.remote(dict(job.flags), job.arm, job.position, dict(job.context),
+                                   dict(job.workload) if job.workload else None)
         now = time.monotonic()
         self.pending[ref] = Pending(job, job.slot, ping, now, now_iso(), now + self.timeout_for(job))
 

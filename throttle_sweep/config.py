@@ -45,6 +45,10 @@ class WorkloadConf:
 class CostConf:
     usd_per_gpu_hour: float = 1.39
     gpus: int = 1
+    # GPU type -> USD per GPU-hour (a goodput sweep on Ray: the type becomes a knob, each type's runs go to a
+    # slot on a node with Ray's `accelerator_type:<type>` resource)
+    prices: Any = None  # {type: USD per GPU-hour} (typed Any: OmegaConf cannot merge a dict into a None Dict node)
+    baseline_type: str | None = None  # the type vLLM's defaults run on as the baseline (null: the first priced)
 
 
 @dataclass

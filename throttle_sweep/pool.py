@@ -26,6 +26,7 @@ class Job:
     arm: str
     position: int
     context: Mapping[str, Any] = field(default_factory=dict)
+    workload: Mapping[str, Any] | None = None  # what this run changes in the workload (an arrival rate)
 
 
 class Pool(Protocol):
@@ -87,7 +88,10 @@ class LocalPool(HeldRecords):
                 self._threads.append(thread)
 
     def _run(self, job: Job) -> dict[str, Any]:
-        return self._measures[job.slot](job.flags, job.arm, job.position, {**job.context, "slot": f"local-{job.slot}"})
+        context = {**job.context, "slot": f"local-{job.slot}"}
+        if job.workload:
+            return self._measures[job.slot](job.flags, job.arm, job.position, context, workload=dict(job.workload))
+        return self._measures[job.slot](job.flags, job.arm, job.position, context)
 
     def _serve(self, slot: int) -> None:
         inbox = self._inboxes[slot]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -30,6 +30,7 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.settings.capacity import CapacitySettings
+from throttle_sweep.settings.goodput import GPU_TYPE
 
 SCREEN, CONFIRM = "goodput-screen", "goodput-confirm"
 BASELINE = "baseline"
@@ -40,8 +41,9 @@ class Contender:
     label: str  # "baseline" | "trial N"
     params: dict[str, Any]
     flags: dict[str, Any]
-    price: Price  # charged for its flags
+    price: Price  # charged for its flags, at its GPU type's price
     search: RateSearch
+    gpu_type: str | None = None  # (cost.prices) the type of the slot it runs on; not among its flags
     records: list[dict[str, Any]] = field(default_factory=list)  # its usable runs, screen and confirmation
     confirm_runs: list[tuple[float, int, int]] = field(default_factory=list)  # (rate, met, counted)
     failed: str | None = None
@@ -70,8 +72,10 @@ Measure = Callable[[Contender, float, str, str, int], dict[str, Any]]
 class GoodputSweep:
     def __init__(self, *, settings: CapacitySettings, distributions: Mapping[str, Any], base: Mapping[str, Any],
                  baseline: Mapping[str, Any], price: Price, n_trials: int, confirm_top: int, seed: int,
-                 existing: list[dict[str, Any]], measure: Measure, say: Callable[[str], None]) -> None:
+                 existing: list[dict[str, Any]], measure: Measure, say: Callable[[str], None],
+                 prices: Mapping[str, float] | None = None, baseline_type: str | None = None) -> None:
         self.settings, self.distributions, self.base = settings, dict(distributions), dict(base)
+        self.prices = dict(prices) if prices else None
         self.price, self.n_trials, self.confirm_top, self.say = price, n_trials, confirm_top, say
         self.measure_run = measure
         self.recorded: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (stage, label) -> records, in order
@@ -83,8 +87,10 @@ class GoodputSweep:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup))
         # the baseline's params: where it differs from the engine's flags the space's knobs are set on
-        self.baseline = self.contender(BASELINE, {k: v for k, v in baseline.items() if self.base.get(k) != v},
-                                       dict(baseline))
+        params = {k: v for k, v in baseline.items() if self.base.get(k) != v}
+        if self.prices:
+            params[GPU_TYPE] = baseline_type or next(iter(self.prices))
+        self.baseline = self.contender(BASELINE, params, dict(baseline))
         self.trials: list[Contender] = []
 
     def contender(self, label: str, params: dict[str, Any], flags: dict[str, Any]) -> Contender:
@@ -92,22 +98,25 @@ class GoodputSweep:
         search = RateSearch(start=s.start, target=s.target, rel_tol=s.rel_tol, knee_rates=s.knee_rates,
                             knee_replicates=s.knee_replicates, knee_margin=s.knee_margin, min_rate=s.min_rate,
                             max_rate=s.max_rate)
-        return Contender(label, params, flags, self.price.charged(flags), search)
+        gpu_type = params.get(GPU_TYPE)
+        price = replace(self.price, usd_per_gpu_hour=self.prices[gpu_type]) if gpu_type is not None else self.price
+        return Contender(label, params, flags, price.charged(flags), search, gpu_type=gpu_type)
 
     # ---- 1. screen -------------------------------------------------------------------------------------
     def screen(self) -> None:
         self.search_one(self.baseline)
         if self.baseline.failed:
             raise BaselineFailed(f"the baseline failed: {self.baseline.failed}; every run so far is kept")
-        seen: dict[str, Contender] = {flags_key(self.baseline.flags): self.baseline}
+        seen = {flags_key({**self.baseline.flags, GPU_TYPE: self.baseline.gpu_type}): self.baseline}
         for number in range(self.n_trials):
             trial = self.study.ask(self.distributions)
-            flags = {**self.base, **trial.params}
-            earlier = seen.get(flags_key(flags))
+            flags = {**self.base, **{k: v for k, v in trial.params.items() if k != GPU_TYPE}}
+            key = flags_key({**flags, GPU_TYPE: trial.params.get(GPU_TYPE)})
+            earlier = seen.get(key)
             c = earlier if earlier is not None else self.contender(f"trial {number}", dict(trial.params), flags)
             if earlier is None:
                 self.search_one(c)
-                seen[flags_key(flags)] = c
+                seen[key] = c
                 self.trials.append(c)
             rate = c.screen_rate()
             if c.failed:
@@ -134,9 +143,14 @@ class GoodputSweep:
 
     # ---- 2. confirm ------------------------------------------------------------------------------------
     def confirmed(self) -> list[Contender]:
-        """The `confirm_top` cheapest of the screen, and the baseline (if it found a knee)."""
+        """The `confirm_top` cheapest of the screen, and the baseline (if it found a knee); with GPU types, also
+        each type's cheapest, so that every type's answer has an interval."""
         found = [c for c in self.trials if not c.failed and c.search.status == FOUND and c.screen_rate()]
-        best = sorted(found, key=lambda c: self.usd_per_mtok(c, c.screen_rate()))[: self.confirm_top]
+        ranked = sorted(found, key=lambda c: self.usd_per_mtok(c, c.screen_rate()))
+        best = ranked[: self.confirm_top]
+        for gpu_type in self.prices or ():
+            if not any(c.gpu_type == gpu_type for c in best):
+                best += [c for c in ranked if c.gpu_type == gpu_type][:1]
         return ([self.baseline] if self.baseline.search.status == FOUND else []) + best
 
     def confirm(self, family: list[Contender]) -> None:

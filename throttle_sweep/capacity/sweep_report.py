@@ -12,6 +12,7 @@ from throttle_sweep.capacity.report import per_request_tokens
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
 from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
 from throttle_sweep.search.report import fmt_params as sweep_params
+from throttle_sweep.settings.goodput import GPU_TYPE
 
 
 def fmt_params(params: dict[str, Any]) -> str:
@@ -41,18 +42,23 @@ def costed_of(sweep: GoodputSweep, c: Contender, family: int) -> Costed:
                   sweep.settings.slo.attainment, claim=sweep.knee_of(c, family, one_sided=True))
 
 
-def confirmed_line(c: Costed, target: float | None) -> str:
-    knee = c.knee
+def confirmed_line(c: Costed, target: float | None, head: str | None = None) -> str:
+    knee, head = c.knee, head if head is not None else f"  {c.label:<9}"
     if c.rate is None:
-        return f"  {c.label:<9} its fresh knee runs stayed below the SLO's attainment: no capacity"
+        return f"{head} its fresh knee runs stayed below the SLO's attainment: no capacity"
     low, high = c.cost_ci
-    line = (f"  {c.label:<9} capacity {capacity_words(c)} {interval(knee.low, knee.high)}  "
+    line = (f"{head} capacity {capacity_words(c)} {interval(knee.low, knee.high)}  "
             f"${c.cost:.4g}/M output tokens {interval(low, high, '.4g')}")
     if target is not None:
         fleet = c.fleet(target)
-        line += (f"  for {target:g} req/s: {fleet['replicas']} replicas {interval(*fleet['replicas_ci'], 'd')} = "
-                 f"{fleet['gpus']} GPUs, ${fleet['usd_per_hour']:.4g}/h")
+        line += (f"  for {target:g} req/s: {plural(fleet['replicas'], 'replica')} "
+                 f"{interval(*fleet['replicas_ci'], 'd')} = {plural(fleet['gpus'], 'GPU')}, "
+                 f"${fleet['usd_per_hour']:.4g}/h")
     return line
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def capacity_words(c: Costed) -> str:
@@ -79,14 +85,23 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     lines += [screen_line(sweep, c) for c in [sweep.baseline, *sweep.trials]]
     costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
     if family:
-        lines.append(f"confirmed: fresh knee runs, interleaved on one slot; 95% intervals adjusted for "
-                     f"{len(family)} configurations (Bonferroni), so that they hold together")
+        where = ("interleaved in time across the GPU types' slots (costs on different types are absolute, "
+                 "unpaired)" if sweep.prices else "interleaved on one slot")
+        lines.append(f"confirmed: fresh knee runs, {where}; 95% intervals adjusted for {len(family)} "
+                     "configurations (Bonferroni), so that they hold together")
         lines += [confirmed_line(c, target) for c in costed]
+    if sweep.prices:
+        lines += type_lines(sweep, costed, target)
     base = next((c for c in costed if c.label == BASELINE), None)
     winner, tied = pick([c for c in costed if c.label != BASELINE], target)
     summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": sweep.price.label(),
                                "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
                                "confirmed": [costed_summary(c, target) for c in costed]}
+    if sweep.prices:
+        summary["gpu_types"] = {t: {"usd_per_gpu_hour": price, "cheapest": (costed_summary(best, target)
+                                                                            if (best := cheapest_of(costed, t, target))
+                                                                            else None)}
+                                for t, price in sweep.prices.items()}
     if winner is not None and base is not None and base.cost is not None and not (
             sort_key(winner, target) < sort_key(base, target) and not cheaper_beyond_doubt(base, winner)):
         beaten = cheaper_beyond_doubt(base, winner)
@@ -114,6 +129,22 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     summary["winner"] = {**costed_summary(winner, target), "tied": [c.label for c in tied],
                          "cheaper_than_baseline": base is not None and cheaper_beyond_doubt(winner, base)}
     return lines, summary, winner
+
+
+def cheapest_of(costed: Sequence[Costed], gpu_type: str, target: float | None) -> Costed | None:
+    mine = [c for c in costed if c.params.get(GPU_TYPE) == gpu_type and c.cost is not None]
+    return min(mine, key=lambda c: sort_key(c, target), default=None)
+
+
+def type_lines(sweep: GoodputSweep, costed: Sequence[Costed], target: float | None) -> list[str]:
+    """Per GPU type, its cheapest confirmed configuration (the table users read to choose what to rent)."""
+    lines = ["per GPU type, its cheapest confirmed configuration:"]
+    for gpu_type, price in (sweep.prices or {}).items():
+        best = cheapest_of(costed, gpu_type, target)
+        head = f"  {gpu_type} at ${price:g}/GPU-hour:"
+        lines.append(f"{head} none confirmed (see the screen)" if best is None else
+                     confirmed_line(best, target, f"{head} {best.label} ({fmt_params(best.params)})"))
+    return lines
 
 
 def unconfirmed(sweep: GoodputSweep, winner: Costed | None) -> list[str]:

@@ -5,6 +5,7 @@ Settings are checked in settings/goodput.py before any engine starts."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -15,11 +16,13 @@ from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, ru
 from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
 from throttle_sweep.capacity.sweep_report import answer, fmt_params
 from throttle_sweep.commands.export import move_aside
+from throttle_sweep.gpu_types import make_typed_slots
 from throttle_sweep.provenance import claim_run_folder, overrides_for
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
-from throttle_sweep.settings.goodput import GoodputRun, load_goodput
+from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput
+from throttle_sweep.settings.sweep import space_extremes
 from throttle_sweep.signals import shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
@@ -31,11 +34,11 @@ def run(cfg: DictConfig, console: Console) -> int:
         claim_run_folder(r.out, r.config, "goodput")
         OmegaConf.save(cfg, r.out / "config.yaml")
         log = RecordLog(r.out / "replicates.jsonl", say=say)
-        slot = WarmSlot(r.engine, r.capacity.spec, r.price, run_id=r.out.name, **r.warm)
+        slots, close = open_slots(r, say)
 
         def measure(c: Contender, rate: float, stage: str, search_stage: str, replicate: int) -> dict[str, Any]:
             context = {"stage": stage, "search_stage": search_stage, "config": c.label, "params": c.params}
-            record = measure_rate(slot, c.flags, rate, context, log, r.capacity,
+            record = measure_rate(slots[c.gpu_type], c.flags, rate, context, log, r.capacity,
                                   "baseline" if c.label == BASELINE else "candidate", say, replicate)
             if record["status"] == "ok":
                 met, counted = met_of(record, r.capacity)
@@ -45,7 +48,8 @@ def run(cfg: DictConfig, console: Console) -> int:
 
         sweep = GoodputSweep(settings=r.capacity, distributions=r.distributions, base=r.base, baseline=r.baseline,
                              price=r.price, n_trials=r.n_trials, confirm_top=r.confirm_top, seed=r.seed,
-                             existing=list(log.records), measure=measure, say=say)
+                             existing=list(log.records), measure=measure, say=say, prices=r.prices,
+                             baseline_type=r.baseline_type)
         say(f"goodput sweep {r.out.name!r}: {', '.join(r.distributions)} over {r.n_trials} trials against the "
             f"baseline {fmt_params(sweep.baseline.params)}; {r.capacity.slo.words()}"
             + (f"; the traffic to serve: {r.target_rps:g} req/s" if r.target_rps else "") + f" -> {log.path}")
@@ -62,7 +66,7 @@ def run(cfg: DictConfig, console: Console) -> int:
             return 1
         finally:
             with shielded():
-                slot.close()
+                close()
     lines, summary, winner = answer(sweep, family, r.target_rps)
     for line in lines:
         say(line)
@@ -74,6 +78,20 @@ def run(cfg: DictConfig, console: Console) -> int:
         return 1
     export(r, winner.params, summary["winner"], served_defaults(log.records, winner.label), say)
     return 0
+
+
+def open_slots(r: GoodputRun, say: Any) -> tuple[dict[str | None, Any], Any]:
+    """{GPU type: its slot} and the function that ends them: one Ray slot per type priced in cost.prices
+    (gpu_types.py), else one local slot (type None)."""
+    if r.prices is None:
+        slot = WarmSlot(r.engine, r.capacity.spec, r.price, run_id=r.out.name, **r.warm)
+        return {None: slot}, slot.close
+    starts = [("baseline", r.baseline), *space_extremes(r.base, {k: v for k, v in r.distributions.items()
+                                                                 if k != GPU_TYPE})]
+    prices = {t: replace(r.price, usd_per_gpu_hour=usd) for t, usd in r.prices.items()}
+    slots, close = make_typed_slots(r.ray, r.engine, r.capacity.spec, prices, engine_flags=r.base, warm=r.warm,
+                                    run_id=r.out.name, out=r.out, say=say, starts=starts)
+    return dict(slots), close
 
 
 def served_defaults(records: list[dict[str, Any]], label: str) -> dict[str, Any]:
@@ -88,10 +106,13 @@ def served_defaults(records: list[dict[str, Any]], label: str) -> dict[str, Any]
 def export(r: GoodputRun, params: dict[str, Any], winner: dict[str, Any], defaults: dict[str, Any], say: Any) -> None:
     """The winner's `vllm serve` config, with its capacity and the replica count beside it (best.json), and
     the overrides that measure its capacity again (mode=capacity)."""
-    flags = {**r.base, **params}
+    gpu_type = params.get(GPU_TYPE)
+    flags = {**r.base, **{k: v for k, v in params.items() if k != GPU_TYPE}}
     flags.update({k: v for k, v in defaults.items() if flags.get(k) is None})  # what vLLM resolved for them
     remeasure = {"mode": "capacity", "backend": r.config["backend"], "engine": flags, "slo": r.config["slo"],
                  "capacity": r.config["capacity"], "workload": r.config["workload"]}
+    if gpu_type is not None:  # measured again on a machine of its type, at its price
+        remeasure["cost"] = {"usd_per_gpu_hour": r.prices[gpu_type], "gpus": r.price.gpus}
     paths = export_best(r.out / "best", engine_flags=r.engine.engine_flags(flags), params=params,
                         summary={"objective": "goodput", **winner}, hydra_overrides=overrides_for(remeasure))
     say(f"exported: {paths['yaml']}  (vllm serve --config), {paths['json']} (capacity and replicas)")

@@ -20,7 +20,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +86,9 @@ class FakeKnobs:
     # gpu_memory_utilization x this; sleepers hold asleep_holds_bytes each, and a file `foreign-<bytes>` in
     # gpu_dir stands for memory a process outside the tool holds
     gpu_total_bytes: int | None = None
+    # pretend GPU types (a Ray node's `accelerator_type:<type>` resource) -> how many times faster a step runs
+    # there than these knobs say: a slot of that type runs the engine `on_gpu_type`
+    type_speed: Any = None  # {type: speed} (typed Any: OmegaConf cannot merge a dict into a None Dict node)
 
 
 class FakeSession:
@@ -325,12 +328,20 @@ class FakeSession:
 class FakeEngine:
     name = "fake"
 
-    def __init__(self, knobs: FakeKnobs | None = None) -> None:
+    def __init__(self, knobs: FakeKnobs | None = None, gpu_type: str | None = None) -> None:
         self.knobs = knobs or FakeKnobs()
+        self.gpu_type = gpu_type  # the pretend GPU type it runs on (its device name)
         self.starts = 0
 
     def flag_schema(self) -> Mapping[str, Any]:
         return FAKE_FLAG_SCHEMA
+
+    def on_gpu_type(self, gpu_type: str) -> FakeEngine:
+        """The engine on a slot of this pretend GPU type: its step times divided by `type_speed[gpu_type]`."""
+        speed = float((self.knobs.type_speed or {}).get(gpu_type, 1.0))
+        k = self.knobs
+        return FakeEngine(replace(k, step_overhead_s=k.step_overhead_s / speed, per_seq_s=k.per_seq_s / speed,
+                                  per_prefill_token_s=k.per_prefill_token_s / speed), gpu_type)
 
     def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in flags.items() if v is not None}
@@ -352,5 +363,5 @@ class FakeEngine:
 
     def environment(self) -> dict[str, Any]:
         return {"engine": self.name, "vllm_version": None, "device": "fake-gpu" if self.knobs.gpu_dir else "fake",
-                "device_name": "fake",
+                "device_name": self.gpu_type or "fake",
                 "host": platform.node(), "cpu_count": os.cpu_count()}

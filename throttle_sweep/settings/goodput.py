@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
 from omegaconf import DictConfig
 
 from throttle_sweep.cost import Price
@@ -29,6 +30,7 @@ from throttle_sweep.settings.sections import (
 from throttle_sweep.settings.sweep import space_extremes, space_file, space_name
 
 OBJECTIVES = ("cost", "goodput")
+GPU_TYPE = "gpu_type"  # the knob cost.prices adds: a configuration's params name its type, its flags do not
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class GoodputRun:
     plots: bool
     out: Path
     config: dict[str, Any]
+    prices: dict[str, float] | None = None  # GPU type -> USD per GPU-hour: the type is a knob (gpu_types.py)
+    baseline_type: str | None = None
+    ray: dict[str, Any] | None = None  # the ray group, when the types' slots are on Ray
 
 
 def objective_of(cfg: DictConfig) -> str:
@@ -71,9 +76,13 @@ def load_goodput(cfg: DictConfig) -> GoodputRun:
     if cfg.backend == "endpoint":
         raise ConfigError("a goodput sweep sets engine flags, and a server someone else runs takes none: use "
                           "backend=vllm, server or fake (mode=capacity measures an endpoint's capacity)")
-    if cfg.ray.enabled:
-        raise ConfigError("a goodput sweep runs on one local slot for now (its comparisons interleave in time on "
-                          "it): set ray.enabled=false")
+    prices, baseline_type = prices_from(cfg)
+    if cfg.ray.enabled and prices is None:
+        raise ConfigError("a goodput sweep runs on one local slot (its comparisons interleave in time on it), or on "
+                          "one Ray slot per GPU type priced in cost.prices: set ray.enabled=false, or cost.prices")
+    if prices is not None and not cfg.ray.enabled:
+        raise ConfigError("cost.prices makes the GPU type a knob, and the types are the Ray cluster's nodes' "
+                          "(`accelerator_type:<type>`): set ray.enabled=true (and ray.address to join the cluster)")
     if cfg.slo.p95_ttft_s is None and cfg.slo.p95_tpot_s is None:
         raise ConfigError("study.objective=goodput needs a latency SLO: set slo.p95_ttft_s and/or slo.p95_tpot_s "
                           "(seconds)")
@@ -93,8 +102,33 @@ def load_goodput(cfg: DictConfig) -> GoodputRun:
     preflight(engine, baseline, capacity.spec, source="baseline")
     for flag, flags in space_extremes(base, distributions):
         preflight(engine, flags, capacity.spec, source=f"{source}: {flag}")
+    if prices is not None:  # (a space cannot name it: it is no engine flag)
+        distributions[GPU_TYPE] = optuna.distributions.CategoricalDistribution(list(prices))
     name = folder_name(s.name or cfg.run or f"goodput-{space_name()}", key="study.name")
     return GoodputRun(capacity=capacity, engine=engine, price=price, base=base, baseline=baseline,
                       distributions=distributions, target_rps=target, n_trials=s.n_trials, confirm_top=s.confirm_top,
                       seed=s.seed, warm=warm_engines_from(cfg), plots=bool(cfg.plots),
-                      out=Path(cfg.results_dir) / name, config=plain(cfg))
+                      out=Path(cfg.results_dir) / name, config=plain(cfg), prices=prices,
+                      baseline_type=baseline_type, ray=plain(cfg.ray) if prices is not None else None)
+
+
+def prices_from(cfg: DictConfig) -> tuple[dict[str, float] | None, str | None]:
+    """cost.prices (GPU type -> USD per GPU-hour) and the baseline's type, checked; (None, None) unset."""
+    given, baseline_type = cfg.cost.prices, cfg.cost.baseline_type
+    if given is None:
+        if baseline_type is not None:
+            raise ConfigError(f"cost.baseline_type={baseline_type!r} names a GPU type, but cost.prices is unset: "
+                              "price the types, e.g. cost.prices='{A100: 1.39, H100: 2.49}'")
+        return None, None
+    prices = plain(given)
+    if not isinstance(prices, dict) or not prices:
+        raise ConfigError(f"cost.prices maps GPU types to USD per GPU-hour, e.g. {{A100: 1.39, H100: 2.49}}, but got "
+                          f"{prices!r}")
+    for gpu_type, price in prices.items():
+        if isinstance(price, bool) or not isinstance(price, int | float) or not math.isfinite(price) or price <= 0:
+            raise ConfigError(f"cost.prices.{gpu_type} must be a positive price per GPU-hour, but got {price!r}")
+    baseline_type = baseline_type if baseline_type is not None else next(iter(prices))
+    if baseline_type not in prices:
+        raise ConfigError(f"cost.baseline_type={baseline_type!r} is not priced in cost.prices (its types: "
+                          f"{', '.join(prices)})")
+    return {str(k): float(v) for k, v in prices.items()}, str(baseline_type)
