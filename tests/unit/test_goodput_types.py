@@ -66,6 +66,7 @@ def test_the_answer_names_the_type_whose_goodput_costs_least_at_its_price_and_fo
         assert r["environment"]["device_name"] == r["params"]["gpu_type"]
         assert r["usd_per_gpu_hour"] == types[r["params"]["gpu_type"]]["usd_per_gpu_hour"]
     assert next(s for s in summary["screen"] if s["config"] == "baseline")["params"]["gpu_type"] == "A"
+    assert [s["params"]["gpu_type"] for s in summary["screen"][1:3]] == ["A", "B"]  # every type is tried first
     best = tmp_path / "g" / "best"
     if code == 0:  # exported: the type beside the flags, never as a vLLM flag; measured again at its price
         assert json.loads((best / "best.json").read_text())["params"]["gpu_type"] == "B"

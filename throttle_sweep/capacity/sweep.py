@@ -10,6 +10,10 @@ million output tokens, and the replicas a target rate needs.
    hold together and disjoint cost intervals differ beyond doubt.
 3. The answer (capacity/pick.py): the cheapest confirmed capacity, at the target rate's replicas if given.
 
+With GPU types (`cost.prices`), the type is one more knob: every type is tried first, each configuration runs on
+its type's slot (gpu_types.py), and each type's cheapest is confirmed too. Runs on different types cannot be
+paired; interleaving them in time still spreads drift over all of them.
+
 Every run is recorded as it comes. The same command again replays the records (the sampler is seeded, each
 rate search is deterministic given its runs) and goes on where they end."""
 
@@ -86,6 +90,8 @@ class GoodputSweep:
         startup = max(3, min(10, n_trials // 3))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup))
+        for gpu_type in self.prices or ():  # every priced type is tried first (its other knobs sampled)
+            self.study.enqueue_trial({GPU_TYPE: gpu_type})
         # the baseline's params: where it differs from the engine's flags the space's knobs are set on
         params = {k: v for k, v in baseline.items() if self.base.get(k) != v}
         if self.prices:

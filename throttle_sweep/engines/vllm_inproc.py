@@ -330,4 +330,5 @@ class VllmInprocEngine:
             "device_name": platform.processor() if device == "cpu" else current_platform.get_device_name(0),
             "host": platform.node(),
             "cpu_count": os.cpu_count(),
+            **({"threads": torch.get_num_threads()} if device == "cpu" else {}),  # what a CPU engine computes on
         }
