@@ -63,17 +63,27 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
     assert all(a["config"] != b["config"] for a, b in zip(runs, runs[1:], strict=False) if a["config"] != "baseline")
     best = json.loads((tmp_path / "g" / "best" / "best.json").read_text())
     assert best["fleet"]["replicas"] == fleet["replicas"] and best["params"] == winner["params"]
+    # the Pareto front at 40 req/s: the winner at its replicas is on it (cheapest), more replicas buy latency
+    front = summary["pareto"]
+    assert front[0]["label"] == winner["config"] and front[0]["replicas"] == fleet["replicas"]
+    assert [p["usd_per_hour"] for p in front] == sorted(p["usd_per_hour"] for p in front)
+    assert all(a["p95_ttft_s"] > b["p95_ttft_s"] or a["p95_tpot_s"] > b["p95_tpot_s"]
+               for a, b in zip(front, front[1:], strict=False))
+    assert "the Pareto front:" in said
     assert f"max-num-seqs: {winner['params']['max_num_seqs']}" in (tmp_path / "g" / "best" / "vllm_config.yaml").read_text()
 
 
 def test_a_rerun_measures_nothing_again_and_another_target_reads_the_same_runs(tmp_path):
     assert run(tmp_path, "workload.target_rps=40")[0] == 0
+    assert not (tmp_path / "g" / "cost_vs_rate.png").exists()  # plots=false
     records = len(read_records(tmp_path / "g" / "replicates.jsonl"))
     first = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
     code, said = run(tmp_path, "workload.target_rps=400")
     assert code == 0, said
     assert len(read_records(tmp_path / "g" / "replicates.jsonl")) == records
     again = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
+    code, said = run(tmp_path, "workload.target_rps=400", "plots=true")  # the picture, from the same runs
+    assert code == 0 and (tmp_path / "g" / "cost_vs_rate.png").stat().st_size > 10_000, said
     assert again["capacity_rps"] == first["capacity_rps"]
     assert again["fleet"]["replicas"] == math.ceil(400 / again["capacity_rps"])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from throttle_sweep.capacity.front import EXTRA_REPLICAS, FleetPoint, fleet_points, pareto
 from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick, sort_key
 from throttle_sweep.capacity.report import per_request_tokens
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
@@ -97,6 +98,10 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": sweep.price.label(),
                                "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
                                "confirmed": [costed_summary(c, target) for c in costed]}
+    if target is not None:
+        front = front_of(family, costed, target)
+        lines += front_lines(front, target)
+        summary["pareto"] = [vars(p) for p in front]
     if sweep.prices:
         summary["gpu_types"] = {t: {"usd_per_gpu_hour": price, "cheapest": (costed_summary(best, target)
                                                                             if (best := cheapest_of(costed, t, target))
@@ -129,6 +134,25 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     summary["winner"] = {**costed_summary(winner, target), "tied": [c.label for c in tied],
                          "cheaper_than_baseline": base is not None and cheaper_beyond_doubt(winner, base)}
     return lines, summary, winner
+
+
+def front_of(family: Sequence[Contender], costed: Sequence[Costed], target: float) -> list[FleetPoint]:
+    runs = {c.label: c.records for c in family}
+    return pareto(fleet_points([(c.label, c.params, c.rate, c.price.usd_per_gpu_hour * c.price.gpus,
+                                 runs.get(c.label, [])) for c in costed], target))
+
+
+def front_lines(front: Sequence[FleetPoint], target: float) -> list[str]:
+    if not front:
+        return []
+    lines = [f"for {target:g} req/s, $/h against latency (each confirmed configuration at the fewest replicas and "
+             f"up to {EXTRA_REPLICAS} more; p95s of its runs at the rate each replica carries), the Pareto front:"]
+    for p in front:
+        bound = "<= " if p.below_runs else ""
+        lines.append(f"  {p.replicas} x {p.label} ({fmt_params(p.params)})  ${p.usd_per_hour:.4g}/h  "
+                     f"{p.per_replica_rps:.3g} req/s a replica  p95 TTFT {bound}{p.p95_ttft_s * 1e3:.1f} ms  "
+                     f"p95 TPOT {bound}{p.p95_tpot_s * 1e3:.2f} ms")
+    return lines
 
 
 def cheapest_of(costed: Sequence[Costed], gpu_type: str, target: float | None) -> Costed | None:

@@ -14,7 +14,8 @@ from rich.console import Console
 
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
 from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
-from throttle_sweep.capacity.sweep_report import answer, fmt_params
+from throttle_sweep.capacity.sweep_plot import plot
+from throttle_sweep.capacity.sweep_report import answer, costed_of, fmt_params
 from throttle_sweep.commands.export import move_aside
 from throttle_sweep.gpu_types import make_typed_slots
 from throttle_sweep.provenance import claim_run_folder, overrides_for
@@ -72,6 +73,10 @@ def run(cfg: DictConfig, console: Console) -> int:
         say(line)
     (r.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     say(f"summary: {r.out / 'summary.json'}")
+    if r.plots:
+        costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
+        plot([sweep.baseline, *sweep.trials], costed, r.capacity, r.out / "cost_vs_rate.png")
+        say(f"picture: {r.out / 'cost_vs_rate.png'} (cost against rate, capacities marked)")
     if winner is None:
         if (r.out / "best").exists():  # an earlier run's winner is not this one's answer
             say(f"no winner to export; the earlier export was moved to {move_aside(r.out / 'best')}")
