@@ -45,3 +45,9 @@ def usd_per_mtok(price: Price, wall_s: float, tokens: int) -> float | None:
     if tokens <= 0:
         return None
     return price.usd_per_gpu_hour * price.gpus * wall_s / 3600.0 / (tokens / 1e6)
+
+
+def usd_per_mtok_at(price: Price, tokens_per_s: float) -> float | None:
+    """The same cost for an engine producing `tokens_per_s` (a capacity's goodput: rate x the SLO's share x
+    output tokens a request); None when it produces none."""
+    return usd_per_mtok(price, 1.0, tokens_per_s) if tokens_per_s > 0 else None

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from throttle_sweep.capacity.knee import Knee
-from throttle_sweep.cost import Price
+from throttle_sweep.cost import Price, usd_per_mtok_at
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,7 @@ class Costed:
 
     def usd_per_mtok(self, rate: float | None) -> float | None:
         """Per million output tokens of requests meeting the SLO, one replica serving `rate`."""
-        if rate is None or rate <= 0 or self.tokens <= 0:
-            return None
-        return self.price.usd_per_gpu_hour * self.price.gpus / 3600 / (rate * self.attainment * self.tokens) * 1e6
+        return usd_per_mtok_at(self.price, rate * self.attainment * self.tokens) if rate else None
 
     @property
     def rate(self) -> float | None:

@@ -10,7 +10,7 @@ from typing import Any
 from throttle_sweep.capacity.knee import Knee
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET, RateSearch
 from throttle_sweep.capacity.slo import Slo
-from throttle_sweep.cost import Price
+from throttle_sweep.cost import Price, usd_per_mtok_at
 
 
 def per_request_tokens(records: Sequence[Mapping[str, Any]]) -> float:
@@ -23,8 +23,7 @@ def at_rate(rate: float | None, tokens: float, slo: Slo, price: Price) -> dict[s
     if rate is None or tokens <= 0:
         return {"goodput_tokens_per_s": None, "usd_per_mtok": None}
     goodput = rate * slo.attainment * tokens
-    return {"goodput_tokens_per_s": goodput,
-            "usd_per_mtok": price.usd_per_gpu_hour * price.gpus / 3600 / goodput * 1e6}
+    return {"goodput_tokens_per_s": goodput, "usd_per_mtok": usd_per_mtok_at(price, goodput)}
 
 
 def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str, Any]], slo: Slo,

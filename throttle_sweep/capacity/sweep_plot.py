@@ -13,13 +13,14 @@ from throttle_sweep.capacity.pick import Costed
 from throttle_sweep.capacity.report import per_request_tokens
 from throttle_sweep.capacity.runs import met_of
 from throttle_sweep.capacity.sweep import Contender
+from throttle_sweep.cost import Price, usd_per_mtok_at
 from throttle_sweep.settings.capacity import CapacitySettings
 
 
-def cost_at(price_per_hour: float, rate: float, tokens: float, share: float) -> float | None:
+def cost_at(price: Price, rate: float, tokens: float, share: float) -> float | None:
     """$ per million output tokens of requests meeting the SLO (a `share` of them), one replica serving `rate`
     requests/s of `tokens` output tokens each; None when none met it."""
-    return price_per_hour / 3600 / (rate * share * tokens) * 1e6 if share > 0 else None
+    return usd_per_mtok_at(price, rate * share * tokens)
 
 
 def plot(contenders: Sequence[Contender], costed: Sequence[Costed], settings: CapacitySettings, path: Path) -> None:
@@ -33,21 +34,20 @@ def plot(contenders: Sequence[Contender], costed: Sequence[Costed], settings: Ca
     for i, c in enumerate(x for x in contenders if x.records and not x.failed):
         color = f"C{i % 10}"
         tokens = per_request_tokens(c.records) or 1.0
-        per_hour = c.price.usd_per_gpu_hour * c.price.gpus
         runs = [(r["workload"]["rate"], met / n) for r in c.records for met, n in [met_of(r, settings)]]
-        runs = sorted((rate, cost) for rate, share in runs if (cost := cost_at(per_hour, rate, tokens, share)))
+        runs = sorted((rate, cost) for rate, share in runs if (cost := cost_at(c.price, rate, tokens, share)))
         by_rate: dict[float, list[float]] = {}
         for rate, cost in runs:
             by_rate.setdefault(rate, []).append(cost)
         ax.plot(sorted(by_rate), [statistics.median(by_rate[x]) for x in sorted(by_rate)], color=color,
                 linewidth=0.8, alpha=0.6, label=c.label)
         for held in (True, False):  # a run held when its cost is at most the cost at the SLO's share
-            pts = [(x, y) for x, y in runs if (y <= cost_at(per_hour, x, tokens, settings.slo.attainment)) == held]
+            pts = [(x, y) for x, y in runs if (y <= cost_at(c.price, x, tokens, settings.slo.attainment)) == held]
             ax.scatter([x for x, _ in pts], [y for _, y in pts], s=14, color=color if held else "none",
                        edgecolors=color)
         knee = knees.get(c.label)
         if knee is not None and knee.rate:
-            ax.scatter([knee.rate], [cost_at(per_hour, knee.rate, tokens, settings.slo.attainment)], marker="*",
+            ax.scatter([knee.rate], [cost_at(c.price, knee.rate, tokens, settings.slo.attainment)], marker="*",
                        s=150, color=color, edgecolors="black", zorder=5)
     ax.set_xscale("log")
     ax.set_yscale("log")
