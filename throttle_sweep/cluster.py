@@ -151,13 +151,15 @@ class RayPool(HeldRecords):
     def __init__(self, *, make_actor: Callable[[int], Any], shape: SlotShape,
                  header: Callable[[Job, Mapping[str, Any]], dict[str, Any]],
                  say: Callable[[str], None] = lambda _: None,
-                 start_timeout_s: float = 300.0, job_timeout_s: float = 1800.0, job_timeout_factor: float = 10.0
-                 ) -> None:
+                 start_timeout_s: float = 300.0, job_timeout_s: float = 1800.0, job_timeout_factor: float = 10.0,
+                 can_host: Callable[[int, list[dict[str, Any]]], bool] | None = None) -> None:
+        """`can_host(slot, nodes)`: can the nodes alive host this slot again (slots that differ: one per GPU
+        type); default, whether they hold one more slot of the shape."""
         import ray
 
         super().__init__()
         self._ray, self._make_actor, self.shape, self._header, self.say = ray, make_actor, shape, header, say
-        self.job_timeout_s, self.job_timeout_factor = job_timeout_s, job_timeout_factor
+        self.job_timeout_s, self.job_timeout_factor, self._can_host = job_timeout_s, job_timeout_factor, can_host
         self.actors = {slot: make_actor(slot) for slot in range(shape.count)}
         self.placement: dict[int, dict[str, Any]] = {}
         # what each slot's records said of its machine: a lost replicate's record says the same, and the driver
@@ -192,8 +194,12 @@ class RayPool(HeldRecords):
         return share_a_machine({slot: {"node_id": self.nodes.get(slot)} for slot in self.actors}, self.shape)
 
     def timeout_for(self, job: Job) -> float:
-        took = self.took.get(flags_key(job.flags))
-        return self.job_timeout_s if took is None else max(60.0, self.job_timeout_factor * took)
+        """A replicate's deadline; a run at an arrival rate also gets its arrivals' span (requests / rate), and
+        takes its history from runs of the same flags on the same slot at the same rate only."""
+        took = self.took.get(took_key(job))
+        wl = job.workload or {}
+        span = wl["num_requests"] / wl["rate"] if wl.get("rate") and wl.get("num_requests") else 0.0
+        return span + (self.job_timeout_s if took is None else max(60.0, self.job_timeout_factor * took))
 
     def submit(self, job: Job) -> None:
         actor = self.actors[job.slot]
@@ -234,7 +240,7 @@ class RayPool(HeldRecords):
                 self.nodes[pending.slot] = self.placement[pending.slot].get("node_id") or self.nodes.get(pending.slot)
                 if record.get("environment"):
                     self.environments[pending.slot] = record["environment"]
-                key = flags_key(pending.job.flags)
+                key = took_key(pending.job)
                 took = sum(record.get(k) or 0 for k in ("engine_start_s", "engine_warmup_s", "wall_s"))
                 self.took[key] = max(self.took.get(key, 0.0), took)
             self._held.append((pending.job, record))  # held before it leaves `pending`: a Ctrl-C loses neither
@@ -332,7 +338,8 @@ class RayPool(HeldRecords):
         self.replacements[slot] = self.replacements.get(slot, 0) + 1
         if self.replacements[slot] > MAX_REPLACEMENTS:
             self.say(f"slot {slot}: retired after {MAX_REPLACEMENTS} new actors ({len(self.actors)} slots left)")
-        elif node_alive or len(self.actors) < hostable_slots(self._ray.nodes(), self.shape):
+        elif node_alive or (self._can_host(slot, self._ray.nodes()) if self._can_host else
+                            len(self.actors) < hostable_slots(self._ray.nodes(), self.shape)):
             self.actors[slot] = self._make_actor(slot)
             self.replaced += 1
             self.say(f"slot {slot}: a new actor is starting")
@@ -354,6 +361,13 @@ class RayPool(HeldRecords):
         self.actors.clear()
         self.pending.clear()
 
+
+
+def took_key(job: Job) -> str:
+    """Whose history sets a replicate's deadline: its flags; a run at an arrival rate, also its slot and rate."""
+    if not job.workload:
+        return flags_key(job.flags)
+    return f"{job.slot}|{flags_key(job.flags)}|{job.workload.get('rate')}"
 
 
 def make_ray_pool(ray_conf: Mapping[str, Any], engine: Engine, spec: WorkloadSpec, price: Price, *,

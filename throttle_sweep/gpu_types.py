@@ -38,15 +38,39 @@ def check_types(priced: Sequence[str], resources: Mapping[str, float]) -> None:
                            f"resource '{TYPE_RESOURCE}T'): price only the types the cluster has")
 
 
+def hosts(node: Mapping[str, Any], gpu_type: str, shape: SlotShape) -> bool:
+    """Can this node host a slot of this type: alive, of the type, with the slot's GPUs and CPUs?"""
+    res = node.get("Resources", {})
+    return bool(node.get("Alive")) and res.get(f"{TYPE_RESOURCE}{gpu_type}", 0) >= PLACE and \
+        res.get("GPU", 0) >= shape.num_gpus and res.get("CPU", 0) >= shape.num_cpus
+
+
+def check_room(types: Sequence[str], nodes: list[dict[str, Any]], shape: SlotShape) -> None:
+    """Each type needs a node that holds a whole slot (the space's largest engine): refused by type, before
+    any engine starts (Ray would wait for it until ray.start_timeout_s)."""
+    short = [t for t in types if not any(hosts(n, t, shape) for n in nodes)]
+    if short:
+        raise ClusterError(f"no node of GPU type(s) {', '.join(short)} has room for a slot of {shape.num_gpus:g} GPUs "
+                           f"and {shape.num_cpus:g} CPUs (the largest engine the space and baseline may start: "
+                           "tensor x pipeline x data parallel size; ray.cpus_per_slot): narrow the space, or price "
+                           "only types whose nodes hold it")
+
+
 class TypedSlot:
     """A slot of one GPU type, measured as a local WarmSlot is (`measure(..., workload=)`): each run goes to
-    its Ray actor and is waited for, under the Ray pool's deadlines and loss handling."""
+    its Ray actor and is waited for, under the Ray pool's deadlines and loss handling. A run the slot lost
+    comes back as a record with `infrastructure: true` (the caller runs it again); a slot the pool retired (no
+    node of its type is left) raises ClusterError."""
 
     def __init__(self, pool: Any, slot: int, gpu_type: str) -> None:
         self.pool, self.slot, self.gpu_type = pool, slot, gpu_type
 
     def measure(self, flags: Mapping[str, Any], arm: str, position: int, context: Mapping[str, Any], *,
                 workload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        if self.slot not in self.pool.slots:
+            raise ClusterError(f"the slot of GPU type {self.gpu_type} is gone (no node of that type can host it "
+                               "now); every run so far is kept: run the same command again once the cluster has "
+                               "one, or price the types it has")
         job = Job(self.slot, dict(flags), arm, position, {**context, "gpu_type": self.gpu_type}, workload)
         self.pool.submit(job)
         while True:
@@ -76,6 +100,7 @@ def make_typed_slots(ray_conf: Mapping[str, Any], engine: Engine, spec: Workload
         if per_gpu is None:
             per_gpu = float(world) if resources.get("GPU", 0) > 0 else 0.0
         shape = SlotShape(len(types), float(per_gpu), float(ray_conf["cpus_per_slot"]), "one slot per priced GPU type")
+        check_room(types, ray.nodes(), shape)
         remote = ray.remote(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, max_restarts=0)(SlotActor)
 
         def make_actor(slot: int) -> Any:
@@ -91,7 +116,8 @@ def make_typed_slots(ray_conf: Mapping[str, Any], engine: Engine, spec: Workload
 
         pool = RayPool(make_actor=make_actor, shape=shape, header=header, say=say,
                        start_timeout_s=ray_conf["start_timeout_s"], job_timeout_s=ray_conf["job_timeout_s"],
-                       job_timeout_factor=ray_conf["job_timeout_factor"])
+                       job_timeout_factor=ray_conf["job_timeout_factor"],
+                       can_host=lambda slot, nodes: any(hosts(n, types[slot], shape) for n in nodes))
     except BaseException:
         stop()
         raise

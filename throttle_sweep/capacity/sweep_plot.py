@@ -40,7 +40,7 @@ def plot(contenders: Sequence[Contender], costed: Sequence[Costed], settings: Ca
         for rate, cost in runs:
             by_rate.setdefault(rate, []).append(cost)
         ax.plot(sorted(by_rate), [statistics.median(by_rate[x]) for x in sorted(by_rate)], color=color,
-                linewidth=0.8, alpha=0.6, label=c.label)
+                linewidth=0.8, alpha=0.6, label=c.label + (f" on {c.gpu_type}" if c.gpu_type else ""))
         for held in (True, False):  # a run held when its cost is at most the cost at the SLO's share
             pts = [(x, y) for x, y in runs if (y <= cost_at(c.price, x, tokens, settings.slo.attainment)) == held]
             ax.scatter([x for x, _ in pts], [y for _, y in pts], s=14, color=color if held else "none",

@@ -95,7 +95,9 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
         lines += type_lines(sweep, costed, target)
     base = next((c for c in costed if c.label == BASELINE), None)
     winner, tied = pick([c for c in costed if c.label != BASELINE], target)
-    summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": sweep.price.label(),
+    price = (", ".join(f"{t} ${usd:g}/GPU-hour" for t, usd in sweep.prices.items()) + " (assumed)" if sweep.prices
+             else sweep.price.label())
+    summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": price,
                                "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
                                "confirmed": [costed_summary(c, target) for c in costed]}
     if target is not None:
@@ -217,4 +219,5 @@ def costed_summary(c: Costed, target: float | None) -> dict[str, Any]:
     return {"config": c.label, "params": c.params, "capacity_rps": c.rate, "capacity_at_least": c.at_least,
             "capacity_ci": [c.knee.low, c.knee.high], "usd_per_mtok_at_capacity": c.cost,
             "usd_per_mtok_ci": list(c.cost_ci), "gpus_per_replica": c.price.gpus,
+            "usd_per_gpu_hour": c.price.usd_per_gpu_hour,
             **({"fleet": c.fleet(target)} if target is not None and c.rate else {})}

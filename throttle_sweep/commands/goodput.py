@@ -19,6 +19,7 @@ from throttle_sweep.capacity.sweep_report import answer, costed_of, fmt_params
 from throttle_sweep.commands.export import move_aside
 from throttle_sweep.gpu_types import make_typed_slots
 from throttle_sweep.provenance import claim_run_folder, overrides_for
+from throttle_sweep.ray_runtime import ClusterError
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
@@ -26,6 +27,8 @@ from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput
 from throttle_sweep.settings.sweep import space_extremes
 from throttle_sweep.signals import shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
+
+SLOT_RETRIES = 2  # a run lost to its slot (a node died, a deadline passed) runs again this often, then the sweep stops
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -39,8 +42,15 @@ def run(cfg: DictConfig, console: Console) -> int:
 
         def measure(c: Contender, rate: float, stage: str, search_stage: str, replicate: int) -> dict[str, Any]:
             context = {"stage": stage, "search_stage": search_stage, "config": c.label, "params": c.params}
-            record = measure_rate(slots[c.gpu_type], c.flags, rate, context, log, r.capacity,
-                                  "baseline" if c.label == BASELINE else "candidate", say, replicate)
+            for _ in range(1 + SLOT_RETRIES):  # a run the slot lost is its node's doing, not the flags': again
+                record = measure_rate(slots[c.gpu_type], c.flags, rate, context, log, r.capacity,
+                                      "baseline" if c.label == BASELINE else "candidate", say, replicate)
+                if not record.get("infrastructure"):
+                    break
+                say(f"[yellow]{c.label} at {rate:g} req/s: the slot lost the run[/] ({record.get('reason')})")
+            else:
+                raise ClusterError(f"{c.label}'s slot lost {1 + SLOT_RETRIES} runs in a row at {rate:g} req/s; every "
+                                   "run so far is kept: run the same command again when the cluster is whole")
             if record["status"] == "ok":
                 met, counted = met_of(record, r.capacity)
                 say(run_line(f"{c.label} {search_stage}", rate, record, met, counted,

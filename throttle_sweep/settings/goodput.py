@@ -94,7 +94,10 @@ def load_goodput(cfg: DictConfig) -> GoodputRun:
     if not isinstance(s.confirm_top, int) or s.confirm_top < 1:
         raise ConfigError(f"study.confirm_top must be at least 1 (the winner is re-measured), but got "
                           f"{s.confirm_top!r}")
-    price, engine = price_from(cfg), engine_from(cfg)
+    price, engine = price_from(cfg, typed=True), engine_from(cfg)
+    if prices is not None and s.n_trials < len(prices):
+        raise ConfigError(f"study.n_trials={s.n_trials} cannot try each of the {len(prices)} GPU types in cost.prices "
+                          "(each is tried first): raise study.n_trials")
     source = f"space '{space_name()}' ({space_file(space_name())})"
     distributions = build_space(plain(cfg.space), engine.flag_schema(), source=source)
     base = arm_flags(plain(cfg.engine))

@@ -26,7 +26,12 @@ def plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
-def price_from(cfg: DictConfig) -> Price:
+def price_from(cfg: DictConfig, *, typed: bool = False) -> Price:
+    """cost.usd_per_gpu_hour and gpus; `typed`: cost.prices may be set (a goodput sweep reads it), elsewhere
+    it would be silently ignored, so it is refused."""
+    if not typed and cfg.cost.get("prices") is not None:
+        raise ConfigError("cost.prices prices GPU types for a goodput sweep (study.objective=goodput with "
+                          "ray.enabled=true); this run has one price: set cost.usd_per_gpu_hour instead")
     price = Price(float(cfg.cost.usd_per_gpu_hour), int(cfg.cost.gpus))
     price.check()
     return price
