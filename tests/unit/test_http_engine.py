@@ -11,7 +11,7 @@ import pytest
 
 from tests.stub_openai import Behaviour, StubServer
 from throttle_sweep.engines.base import Request
-from throttle_sweep.engines.openai_http import HttpSession, parse_metrics
+from throttle_sweep.engines.openai_http import HttpSession, kv_gap, parse_metrics
 from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
 from throttle_sweep.engines.vllm_server import ServerSession, VllmServerEngine, server_argv
 from throttle_sweep.errors import EngineRunError
@@ -234,3 +234,16 @@ def test_a_server_that_exits_on_vllms_memory_refusal_says_so_whatever_the_traceb
     assert refused_for_memory(exit_reason(log, 1))
     log.write_text("RuntimeError: Engine core initialization failed.\n")
     assert not refused_for_memory(exit_reason(log, 1))
+
+
+def test_kv_usage_is_read_every_fifth_of_a_second_at_first_then_less_often_as_a_run_goes_on():
+    """Each /metrics read costs vLLM's API server 4-8 ms: a long run is read about 22 times in 20 s, not 100,
+    while a 0.4 s run still gets a read every 0.2 s (its KV peak is inside it)."""
+    def reads(seconds):
+        t, n = 0.0, 1
+        while (t := t + kv_gap(t)) < seconds:
+            n += 1
+        return n
+
+    assert kv_gap(0.0) == kv_gap(0.8) == 0.2 and kv_gap(4.0) == 1.0 and kv_gap(60.0) == 2.0
+    assert reads(0.41) == 3 and reads(2.0) <= 10 and reads(20.0) <= 25 and reads(600.0) <= 320

@@ -1,7 +1,8 @@
 """What serving a target rate costs against the latency users see: each confirmed configuration at the fewest
 replicas that hold the rate and at a few more (each replica then carries less), its p95 latencies read from its
-own runs at that per-replica rate, and the Pareto front of $/h against p95 TTFT and TPOT. Pure: no I/O
-(tests/unit/test_goodput_front.py)."""
+own runs at that per-replica rate, and the Pareto front of $/h against p95 latency: TTFT, or TPOT where the SLO
+limits only that (a third axis kept points that were no choice: the baseline at its capacity, a TTFT beyond
+the SLO's limit, on the front for a TPOT 0.2 ms lower). Pure: no I/O (tests/unit/test_goodput_front.py)."""
 
 from __future__ import annotations
 
@@ -65,11 +66,11 @@ def fleet_points(configs: Sequence[tuple[str, dict[str, Any], float | None, floa
     return points
 
 
-def pareto(points: Sequence[FleetPoint]) -> list[FleetPoint]:
-    """The points no other beats on cost, p95 TTFT and p95 TPOT at once (no worse on all, better on one),
-    cheapest first."""
-    def key(p: FleetPoint) -> tuple[float, float, float]:
-        return p.usd_per_hour, p.p95_ttft_s, p.p95_tpot_s
+def pareto(points: Sequence[FleetPoint], latency: str = "ttft") -> list[FleetPoint]:
+    """The points no other beats on cost and p95 `latency` (ttft | tpot) at once (no worse on both, better on
+    one), cheapest first."""
+    def key(p: FleetPoint) -> tuple[float, float]:
+        return p.usd_per_hour, p.p95_ttft_s if latency == "ttft" else p.p95_tpot_s
 
     def beats(a: FleetPoint, b: FleetPoint) -> bool:
         return all(x <= y for x, y in zip(key(a), key(b), strict=True)) and key(a) != key(b)

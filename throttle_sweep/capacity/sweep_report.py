@@ -101,8 +101,9 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
                                "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
                                "confirmed": [costed_summary(c, target) for c in costed]}
     if target is not None:
-        front = front_of(family, costed, target)
-        lines += front_lines(front, target)
+        latency = "ttft" if slo.p95_ttft_s is not None else "tpot"
+        front = front_of(family, costed, target, latency)
+        lines += front_lines(front, target, latency)
         summary["pareto"] = [vars(p) for p in front]
     if sweep.prices:
         summary["gpu_types"] = {t: {"usd_per_gpu_hour": price, "cheapest": (costed_summary(best, target)
@@ -138,17 +139,19 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     return lines, summary, winner
 
 
-def front_of(family: Sequence[Contender], costed: Sequence[Costed], target: float) -> list[FleetPoint]:
+def front_of(family: Sequence[Contender], costed: Sequence[Costed], target: float, latency: str
+             ) -> list[FleetPoint]:
     runs = {c.label: c.records for c in family}
     return pareto(fleet_points([(c.label, c.params, c.rate, c.price.usd_per_gpu_hour * c.price.gpus,
-                                 runs.get(c.label, [])) for c in costed], target))
+                                 runs.get(c.label, [])) for c in costed], target), latency)
 
 
-def front_lines(front: Sequence[FleetPoint], target: float) -> list[str]:
+def front_lines(front: Sequence[FleetPoint], target: float, latency: str) -> list[str]:
     if not front:
         return []
-    lines = [f"for {target:g} req/s, $/h against latency (each confirmed configuration at the fewest replicas and "
-             f"up to {EXTRA_REPLICAS} more; p95s of its runs at the rate each replica carries), the Pareto front:"]
+    lines = [f"for {target:g} req/s, $/h against p95 {latency.upper()} (each confirmed configuration at the replicas "
+             f"its capacity needs and up to {EXTRA_REPLICAS} more; p95s of its runs at the rate each replica "
+             "carries), the Pareto front:"]
     for p in front:
         bound = "<= " if p.below_runs else ""
         lines.append(f"  {p.replicas} x {p.label} ({fmt_params(p.params)})  ${p.usd_per_hour:.4g}/h  "

@@ -27,11 +27,19 @@ from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.errors import EngineRunError
 
 WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still there
-# KV-cache usage is sampled from /metrics this often while requests are in flight. Each read costs vLLM's API
-# server 4-8 ms on its event loop (benchmarks/vs_vllm_bench.py: at 40 req/s a reader this often beside vLLM's own
-# client doubled its p95 TTFT); sampled less often, a short run's peak was missed (0.0 on 0.4 s runs). Open.
-KV_SAMPLE_S = 0.2
+# KV-cache usage is sampled from /metrics while requests are in flight: every KV_SAMPLE_S at first, then at a
+# quarter of the time since the first request went out, at most every KV_SAMPLE_MAX_S. Each read costs vLLM's API
+# server 4-8 ms on its event loop (benchmarks/vs_vllm_bench.py: at 40 req/s a reader every 0.2 s beside vLLM's
+# own client doubled its p95 TTFT), so a 20 s run is read 22 times, not 100; a short run is still read every
+# 0.2 s (read less often from its start, a 0.4 s run's peak was missed). The sampler starts afresh whenever
+# requests are in flight again.
+KV_SAMPLE_S, KV_SAMPLE_SHARE, KV_SAMPLE_MAX_S = 0.2, 0.25, 2.0
 SETTLE_S = 0.05  # between two reads of a counter that must agree
+
+
+def kv_gap(in_flight_s: float) -> float:
+    """How long the KV sampler waits after a read, `in_flight_s` after it started (see KV_SAMPLE_S)."""
+    return min(KV_SAMPLE_MAX_S, max(KV_SAMPLE_S, KV_SAMPLE_SHARE * in_flight_s))
 
 
 def samples(text: str) -> Iterator[tuple[str, str, float]]:
@@ -171,6 +179,7 @@ class HttpSession(WallClock):
             self._events.put(Chunk(request.id, counted, True, prompt_tokens, last))
 
     async def _sample_kv(self) -> None:
+        began = time.monotonic()
         while True:
             try:
                 response = await self._client.get("/metrics", timeout=5.0)
@@ -180,7 +189,7 @@ class HttpSession(WallClock):
                         self._kv_peak = max(self._kv_peak, usage)
             except httpx.HTTPError:
                 pass  # a missed sample; a dead server shows in the streams themselves
-            await asyncio.sleep(KV_SAMPLE_S)
+            await asyncio.sleep(kv_gap(time.monotonic() - began))
 
     # ---- EngineSession --------------------------------------------------------------------------------
     def begin_replicate(self, index: int) -> None:
