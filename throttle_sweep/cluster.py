@@ -205,7 +205,7 @@ class RayPool(HeldRecords):
         actor = self.actors[job.slot]
         ping = actor.where.remote()  # an actor runs its calls in order: this one answers before the replicate
         ref = actor.measure.remote(dict(job.flags), job.arm, job.position, dict(job.context),
-                                   dict(job.workload) if job.workload else None)
+                                   **({"workload": dict(job.workload)} if job.workload else {}))
         now = time.monotonic()
         self.pending[ref] = Pending(job, job.slot, ping, now, now_iso(), now + self.timeout_for(job))
 

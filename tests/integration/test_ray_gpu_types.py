@@ -84,6 +84,7 @@ REAL = ["+space=batching", "study.objective=goodput", "space.max_num_seqs.low=8"
         "capacity.rate_start=16", "plots=false", "study.name=real", "ray.enabled=true"]
 
 
+@pytest.mark.quiet  # open-loop runs through a Ray actor: beside the other tiers the client fell behind at 11 req/s
 def test_the_real_engine_runs_each_type_with_its_nodes_threads_and_the_cheaper_type_is_named(typed_cluster,
                                                                                               tmp_path):
     """Both types try eight at once; B computes on two threads at 3x A's price. On the tiny model two threads
@@ -93,6 +94,7 @@ def test_the_real_engine_runs_each_type_with_its_nodes_threads_and_the_cheaper_t
     console = Console(record=True, width=250)
     code = sweep_cmd.run(cfg, console)
     said = console.export_text()
+    assert "could not keep to" not in said, said  # the client kept up with every rate (else the sweep stopped)
     records = read_records(tmp_path / "real" / "replicates.jsonl")
     assert records and all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
     threads = {(r["params"]["gpu_type"], r["environment"]["threads"]) for r in records}
