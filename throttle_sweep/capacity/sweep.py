@@ -34,7 +34,7 @@ from throttle_sweep.cost import Price
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.settings.capacity import CapacitySettings
-from throttle_sweep.settings.goodput import GPU_TYPE
+from throttle_sweep.settings.goodput import GPU_TYPE, without_type
 
 SCREEN, CONFIRM = "goodput-screen", "goodput-confirm"
 BASELINE = "baseline"
@@ -116,7 +116,7 @@ class GoodputSweep:
         seen = {flags_key({**self.baseline.flags, GPU_TYPE: self.baseline.gpu_type}): self.baseline}
         for number in range(self.n_trials):
             trial = self.study.ask(self.distributions)
-            flags = {**self.base, **{k: v for k, v in trial.params.items() if k != GPU_TYPE}}
+            flags = {**self.base, **without_type(trial.params)}
             key = flags_key({**flags, GPU_TYPE: trial.params.get(GPU_TYPE)})
             earlier = seen.get(key)
             c = earlier if earlier is not None else self.contender(f"trial {number}", dict(trial.params), flags)

@@ -23,7 +23,7 @@ from throttle_sweep.ray_runtime import ClusterError
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.search.export import export_best
-from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput
+from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput, without_type
 from throttle_sweep.settings.sweep import space_extremes
 from throttle_sweep.signals import shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
@@ -101,8 +101,7 @@ def open_slots(r: GoodputRun, say: Any) -> tuple[dict[str | None, Any], Any]:
     if r.prices is None:
         slot = WarmSlot(r.engine, r.capacity.spec, r.price, run_id=r.out.name, **r.warm)
         return {None: slot}, slot.close
-    starts = [("baseline", r.baseline), *space_extremes(r.base, {k: v for k, v in r.distributions.items()
-                                                                 if k != GPU_TYPE})]
+    starts = [("baseline", r.baseline), *space_extremes(r.base, without_type(r.distributions))]
     prices = {t: replace(r.price, usd_per_gpu_hour=usd) for t, usd in r.prices.items()}
     slots, close = make_typed_slots(r.ray, r.engine, r.capacity.spec, prices, engine_flags=r.base, warm=r.warm,
                                     run_id=r.out.name, out=r.out, say=say, starts=starts)
@@ -122,7 +121,7 @@ def export(r: GoodputRun, params: dict[str, Any], winner: dict[str, Any], defaul
     """The winner's `vllm serve` config, with its capacity and the replica count beside it (best.json), and
     the overrides that measure its capacity again (mode=capacity)."""
     gpu_type = params.get(GPU_TYPE)
-    flags = {**r.base, **{k: v for k, v in params.items() if k != GPU_TYPE}}
+    flags = {**r.base, **without_type(params)}
     flags.update({k: v for k, v in defaults.items() if flags.get(k) is None})  # what vLLM resolved for them
     remeasure = {"mode": "capacity", "backend": r.config["backend"], "engine": flags, "slo": r.config["slo"],
                  "capacity": r.config["capacity"], "workload": r.config["workload"]}

@@ -33,6 +33,11 @@ OBJECTIVES = ("cost", "goodput")
 GPU_TYPE = "gpu_type"  # the knob cost.prices adds: a configuration's params name its type, its flags do not
 
 
+def without_type(params: dict[str, Any]) -> dict[str, Any]:
+    """Params (or distributions) less the GPU type knob: what goes to the engine as flags."""
+    return {k: v for k, v in params.items() if k != GPU_TYPE}
+
+
 @dataclass(frozen=True)
 class GoodputRun:
     capacity: CapacitySettings  # the SLO, the rate search (a template: each configuration gets its own)
