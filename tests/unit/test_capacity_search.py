@@ -89,6 +89,15 @@ def test_the_estimate_reads_the_mean_attainments_as_a_curve_that_does_not_rise()
     assert knee.capacity_rps == pytest.approx(math.exp(math.log(8.4) + w * math.log(10.5 / 8.4)))
 
 
+def test_knee_runs_that_kept_the_slo_at_every_rate_place_the_capacity_above_them_even_unproven():
+    """Two runs a rate where every request met the SLO: on one df none holds beyond doubt, yet the mean
+    curve never falls to the target, so the capacity lies above the rates run (`above`), not below them."""
+    points = [(r, n, n) for r, n in ((98.0, 79), (181.0, 145), (333.0, 273)) for _ in range(2)]
+    knee = fit_knee(points, 0.9, alpha=0.025)
+    assert (knee.capacity_rps, knee.low, knee.high) == (None, None, None)
+    assert knee.above and not fit_knee([(r, 0, n) for r, _, n in points], 0.9).above
+
+
 def test_a_flat_attainment_gives_no_bounded_interval():
     rng = np.random.default_rng(4)
     points = [(float(r), int(rng.binomial(100, 0.9)), 100) for r in (10, 11, 12, 13) * 3]

@@ -133,6 +133,27 @@ def test_the_pick_is_the_cheapest_fleet_for_the_target_and_names_overlapping_cos
     assert pick([costed("slow", 1.0, 0.9, 1.1), c], 10.0)[0] is c  # 10 GPUs at $2 against 4 at $2
 
 
+def test_a_confirmation_that_kept_the_slo_at_every_rate_gives_at_least_its_highest_rate():
+    """Its fresh runs kept the SLO at every knee rate, none beyond doubt on two runs: the capacity is at least
+    the highest rate (an estimate, censored), with no interval, so it can win but claims no saving; the
+    baseline, whose runs stayed below the target, has none (as CI saw on a loaded machine)."""
+    from throttle_sweep.capacity.knee import fit_knee
+    from throttle_sweep.capacity.pick import cheaper_beyond_doubt
+    from throttle_sweep.capacity.sweep_report import confirmed_line
+
+    rates = ((98.0, 79), (181.0, 145), (333.0, 273))
+    kept = Costed("trial 0", {}, Price(2.0, 1), fit_knee([(r, n, n) for r, n in rates for _ in range(2)], 0.9,
+                                                         alpha=0.025), 100.0, 0.9)
+    base = Costed("baseline", {}, Price(2.0, 1), fit_knee([(r, 0, n) for r, n in rates for _ in range(2)], 0.9,
+                                                          alpha=0.025), 100.0, 0.9)
+    assert kept.rate == 333.0 and kept.at_least and kept.cost is not None and kept.cost_ci == (None, None)
+    assert base.rate is None and not base.at_least
+    assert pick([base, kept], 100.0) == (kept, []) and not cheaper_beyond_doubt(kept, base)
+    assert kept.fleet(100.0)["replicas"] == 1 and kept.fleet(100.0)["replicas_sure"] is None
+    assert "at least 333 req/s" in confirmed_line(kept, 100.0)
+    assert "stayed below the SLO's attainment" in confirmed_line(base, 100.0)
+
+
 def test_the_export_serves_the_defaults_the_winner_was_measured_with(tmp_path, monkeypatch):
     """An in-process engine resolves the flags left to vLLM's default as `vllm serve` does (records'
     served_defaults): the winner's export writes them out, so a server elsewhere serves what was measured."""

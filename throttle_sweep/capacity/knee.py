@@ -35,6 +35,13 @@ class Knee:
     low: float | None  # the interval; None: unbounded on that side within the rates run
     high: float | None
     levels: tuple[RateLevel, ...]
+    above: bool = False  # the mean curve kept the target at every rate run: the capacity lies above them
+
+    @property
+    def at_least(self) -> float | None:
+        """Where the capacity lies above every rate run, the highest of them: the estimate, censored there
+        (beyond doubt or not: `low` says what is)."""
+        return self.levels[-1].rate if self.above and self.levels else None
 
 
 def empirical_logit(met: int, counted: int) -> float:
@@ -99,4 +106,4 @@ def fit_knee(points: Sequence[tuple[float, int, int]], target: float, alpha: flo
             break
     if capacity is not None:  # the point estimate within its interval
         capacity = min(max(capacity, low or 0.0), high or math.inf)
-    return Knee(capacity, low, high, levels)
+    return Knee(capacity, low, high, levels, above=bool(curve) and curve[-1] > goal)

@@ -29,13 +29,14 @@ class Costed:
 
     @property
     def rate(self) -> float | None:
-        """The capacity estimate; where the knee runs' attainment stayed above the target at every rate, their
-        lower bound (`at_least`): a configuration its confirmation places too low is kept, conservatively."""
-        return self.knee.capacity_rps if self.knee.capacity_rps is not None else self.knee.low
+        """The capacity estimate; where the knee runs' mean attainment kept the target at every rate, the
+        highest of them (`at_least`): a configuration its confirmation places too low is kept, censored there,
+        whether or not a rate held beyond doubt (its interval says that)."""
+        return self.knee.capacity_rps if self.knee.capacity_rps is not None else self.knee.at_least
 
     @property
     def at_least(self) -> bool:
-        return self.knee.capacity_rps is None and self.knee.low is not None
+        return self.knee.capacity_rps is None and self.knee.at_least is not None
 
     @property
     def cost(self) -> float | None:

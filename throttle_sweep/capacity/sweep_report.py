@@ -64,7 +64,9 @@ def plural(n: int, noun: str) -> str:
 
 def capacity_words(c: Costed) -> str:
     if c.at_least:
-        return f"at least {c.rate:.3g} req/s (its knee runs kept the SLO at every rate: the highest held beyond doubt)"
+        sure = ("the highest held beyond doubt" if c.knee.low == c.rate else
+                f"beyond doubt up to {c.knee.low:.3g}" if c.knee.low else "none beyond doubt")
+        return f"at least {c.rate:.3g} req/s (its knee runs kept the SLO at every rate, {sure})"
     return f"{c.rate:.3g} req/s"
 
 
