@@ -105,12 +105,14 @@ def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str
     if spec.loop == "open":
         out["lateness_s"] = {**percentiles(late), "max": max(late) if late else None,
                              "beyond_steps_p99": behind_schedule(result)}
-        # every request's arrival offset, TTFT and TPOT: attainment of any SLO, computed later (capacity)
+        # every request's arrival offset, TTFT and TPOT (attainment of any SLO, computed later: capacity) and
+        # lateness (its TTFT from when it was sent, as other clients count it, is TTFT less lateness)
         out["requests_s"] = [[round(t.scheduled_s - result.started_s, 6),
                               None if t.first_token_s is None or t.finished_s is None
                               else round(t.first_token_s - t.scheduled_s, 6),
                               None if t.first_token_s is None or t.finished_s is None or t.output_tokens < 2
-                              else round((t.finished_s - t.first_token_s) / (t.output_tokens - 1), 6)]
+                              else round((t.finished_s - t.first_token_s) / (t.output_tokens - 1), 6),
+                              round(t.submitted_s - t.scheduled_s, 6)]
                              for t in result.timings]
         p50_ttft = out["latency_s"]["ttft"]["p50"] or 0.0
         if late and out["lateness_s"]["p99"] > max(LATE_NOTE_S, 0.1 * p50_ttft):

@@ -153,6 +153,9 @@ def test_open_loop_records_keep_every_requests_latencies_and_how_far_the_driver_
     rows = record["requests_s"]
     assert len(rows) == 40 and rows == sorted(rows, key=lambda r: r[0])
     assert statistics.median(r[1] for r in rows) == pytest.approx(record["latency_s"]["ttft"]["p50"], rel=1e-4)
+    # and each one's lateness: its TTFT from when it was sent is the difference (as other clients count it)
+    assert statistics.median(r[3] for r in rows) == pytest.approx(record["lateness_s"]["p50"], rel=1e-4, abs=1e-6)
+    assert all(0 <= r[3] <= r[1] for r in rows)
     # late only by waiting for the step under way: the engine's doing, not the driver's
     assert record["lateness_s"]["p99"] > 0.02 and record["lateness_s"]["beyond_steps_p99"] < 0.001
 
