@@ -133,6 +133,21 @@ def test_the_pick_is_the_cheapest_fleet_for_the_target_and_names_overlapping_cos
     assert pick([costed("slow", 1.0, 0.9, 1.1), c], 10.0)[0] is c  # 10 GPUs at $2 against 4 at $2
 
 
+def test_one_rate_that_holds_for_one_and_fails_for_the_other_tells_them_apart():
+    """The baseline also runs at the candidate's lowest knee rate: when that rate holds beyond doubt for the
+    candidate and fails beyond doubt for the baseline, the candidate's capacity is at least that rate and the
+    baseline's below it, so the candidate is cheaper at one price, though the bounds meet (as a two-type run
+    on this machine saw at 41.1 req/s: 100% attainment against 0%)."""
+    from throttle_sweep.capacity.pick import cheaper_beyond_doubt
+
+    base = Costed("baseline", {}, Price(1.0, 1), Knee(9.6, None, 41.1, ()), 100.0, 0.9,
+                  claim=Knee(9.6, 7.3, 41.1, ()))
+    win = Costed("trial 0", {}, Price(1.0, 1), Knee(48.0, 41.1, 51.5, ()), 100.0, 0.9,
+                 claim=Knee(48.0, 41.1, 51.5, ()))
+    assert cheaper_beyond_doubt(win, base) and not cheaper_beyond_doubt(base, win)
+    assert pick([base, win], 50.0) == (win, [])  # disjoint: the baseline is not among those it cannot be told from
+
+
 def test_a_confirmation_that_kept_the_slo_at_every_rate_gives_at_least_its_highest_rate():
     """Its fresh runs kept the SLO at every knee rate, none beyond doubt on two runs: the capacity is at least
     the highest rate (an estimate, censored), with no interval, so it can win but claims no saving; the

@@ -72,19 +72,23 @@ def sort_key(c: Costed, target: float | None) -> tuple[float, float]:
 
 
 def overlaps(a: Costed, b: Costed) -> bool:
-    """Can the two costs not be told apart? Their intervals (each at the family's alpha) share a point."""
+    """Can the two costs not be told apart? Their intervals (each at the family's alpha) overlap. Intervals that
+    only meet are apart: a cost's upper end is a rate that held (capacity at least that), its lower end one
+    that failed (capacity below it), so where one's held rate is the other's failed rate, they differ."""
     a_low, a_high = a.cost_ci
     b_low, b_high = b.cost_ci
-    return (a_low or 0.0) <= (b_high or math.inf) and (b_low or 0.0) <= (a_high or math.inf)
+    return (a_low or 0.0) < (b_high or math.inf) and (b_low or 0.0) < (a_high or math.inf)
 
 
 def cheaper_beyond_doubt(a: Costed, b: Costed) -> bool:
     """a's capacity above b's beyond doubt, per dollar: a's lower bound against b's upper, one-sided bounds
     (`claim`) where known. Across a family of m, a false claim needs one of m one-sided misses (the winner
-    selected among the candidates' lower sides, the baseline's upper side), each at alpha / m."""
+    selected among the candidates' lower sides, the baseline's upper side), each at alpha / m. Bounds that meet
+    decide too: a's lower bound is a rate that held (capacity at least that), b's upper one a rate that failed
+    (capacity below it)."""
     a_low, b_high = (a.claim or a.knee).low, (b.claim or b.knee).high
     a_cost, b_cost = a.usd_per_mtok(a_low), b.usd_per_mtok(b_high)
-    return a_cost is not None and b_cost is not None and a_cost < b_cost
+    return a_cost is not None and b_cost is not None and a_cost <= b_cost
 
 
 def pick(candidates: Sequence[Costed], target: float | None) -> tuple[Costed | None, list[Costed]]:
