@@ -46,7 +46,8 @@ class StubServer:
                 if self.path == "/health":
                     self._send(200, b"")
                 elif self.path == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": "stub-model"}]}).encode())
+                    models = [{"id": "stub-model", "root": "stub-model"}]  # vLLM's benchmark client reads root
+                    self._send(200, json.dumps({"object": "list", "data": models}).encode(), "application/json")
                 elif self.path == "/metrics" and not stub.behaviour.vllm_metrics:
                     self._send(200, b"http_requests_total 3.0\n")
                 elif self.path == "/metrics":
@@ -80,8 +81,9 @@ class StubServer:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                want, sent = body["max_tokens"], 0
-                prompt = len(body["prompt"]) if isinstance(body["prompt"], list) else 1
+                want, sent = body.get("max_tokens", 16), 0
+                # a text prompt counts a token a word (as benchmarks/vs_vllm_bench.py's word-level tokenizer)
+                prompt = len(body["prompt"]) if isinstance(body["prompt"], list) else len(str(body["prompt"]).split())
                 if b.garbage is not None:
                     self.wfile.write(b"data: " + b.garbage + b"\n\n")
                     self.wfile.flush()
@@ -102,8 +104,10 @@ class StubServer:
                                                   "completion_tokens": None if b.null_usage else sent + b.usage_extra}}
                 self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())  # as vLLM ends
 
-            def _send(self, code: int, data: bytes) -> None:
+            def _send(self, code: int, data: bytes, content_type: str | None = None) -> None:
                 self.send_response(code)
+                if content_type:
+                    self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
