@@ -298,7 +298,8 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
           batch_limit: int | None = None) -> DriveResult:
     """Push every request through the session: a closed loop keeps `concurrency` in flight; an open loop
     submits each at its arrival offset (it can only do so between steps, so it records when each was due:
-    latency counts from then). Returns per-request and per-step timings on the session's clock.
+    latency counts from then; a session waiting for a server's next chunk, `step_until`, stops waiting at the
+    next arrival). Returns per-request and per-step timings on the session's clock.
     `batch_limit` is the most the engine runs at once (max_num_seqs): with that many in flight it is full.
 
     The result's `schedule` fingerprints, step by step, how many were in flight, which requests (by their
@@ -309,6 +310,7 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
     order = {r.id: i for i, r in enumerate(requests)}
     trace = hashlib.sha256()
     computed_tokens = getattr(session, "computed_tokens", dict)  # what the scheduler computed, if it can say
+    step_until = getattr(session, "step_until", None)  # a session that waits for the server can stop waiting
     pending = sorted(requests, key=lambda r: r.arrival_s) if loop == "open" else list(requests)
     pending.reverse()  # pop() from the end = next request in order
     timings: dict[str, RequestTiming] = {}
@@ -336,7 +338,12 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
                 session.wait_until(started + pending[-1].arrival_s)
                 continue
         began_with, began = in_flight, session.now()
-        events = session.step()
+        if loop == "open" and pending and step_until is not None:  # a wall-clock wait: end it at the next arrival
+            events = step_until(started + pending[-1].arrival_s)
+            if not events:
+                continue
+        else:
+            events = session.step()
         now = session.now()
         peak_kv = max(peak_kv, session.kv_cache_usage())
         produced = 0

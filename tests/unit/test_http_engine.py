@@ -45,6 +45,23 @@ def test_tokens_are_counted_not_chunks():
     assert sent["stream_options"]["continuous_usage_stats"]
 
 
+def test_an_open_loop_sends_a_request_when_it_is_due_not_when_the_next_chunk_comes():
+    """Chunks 150 ms apart: a request due between two chunks goes out when it is due (the wait for the next
+    chunk ends at the next arrival), not at the next chunk, 60-90 ms later."""
+    from dataclasses import replace
+
+    with StubServer(Behaviour(chunk_delay_s=0.15)) as stub:
+        session = HttpSession(stub.url, "m")
+        try:
+            timed = [replace(r, arrival_s=at) for r, at in zip(requests(3, 4), (0.0, 0.06, 0.21), strict=True)]
+            result = drive(session, timed, loop="open", concurrency=3)
+        finally:
+            session.close()
+    late = [t.submitted_s - t.scheduled_s for t in result.timings]
+    assert max(late) < 0.03, late
+    assert [t.output_tokens for t in result.timings] == [4] * 3
+
+
 @pytest.mark.parametrize(("behaviour", "says"), [
     (Behaviour(usage_extra=2), "usage says 12 output tokens, but 10 token ids arrived"),
     (Behaviour(cut_after=4), "the stream ended before the request finished (4 of 10 tokens)"),

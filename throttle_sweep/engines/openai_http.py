@@ -203,10 +203,18 @@ class HttpSession(WallClock):
 
     def step(self) -> list[StepEvent]:
         """The chunks that arrived since the last step; waits for at least one."""
+        return self.step_until(None)
+
+    def step_until(self, deadline: float | None) -> list[StepEvent]:
+        """As step, but waits no later than `deadline` (on now()'s clock; an open loop's next arrival, so that
+        the driver sends it when it is due, not at the next chunk): then returns what arrived, maybe nothing."""
         items = []
         while not items:
+            wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.perf_counter())
+            if wait <= 0:
+                return []
             try:
-                items.append(self._events.get(timeout=WAIT_SLICE_S))
+                items.append(self._events.get(timeout=wait))
             except queue.Empty:
                 self.check_alive()
         while True:
