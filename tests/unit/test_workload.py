@@ -16,6 +16,21 @@ def test_requests_are_identical_across_calls_and_differ_by_seed():
     assert make_requests(spec, warmup=True) != make_requests(spec)[:4]
 
 
+def test_a_longer_request_set_starts_with_the_shorter_ones_requests_whichever_was_made_first():
+    """Prompts are one stream of draws (kept between calls, so that runs at many rates do not draw them again):
+    the first n requests of a set of m > n are the set of n, made in either order, uniform lengths included."""
+    import random
+
+    spec = WorkloadSpec(num_requests=50, prompt_len=16, output_len=8, length_dist="uniform", seed=11)
+    longer = make_requests(spec)
+    shorter = make_requests(WorkloadSpec(num_requests=20, prompt_len=16, output_len=8, length_dist="uniform",
+                                         seed=11))
+    assert shorter == longer[:20] and make_requests(spec) == longer
+    rng = random.Random(11)  # the draws, in order: the prompt's length, its ids, the output's length
+    first_len = max(1, round(rng.uniform(16 * 0.5, 16 * 1.5)))
+    assert len(longer[0].prompt_token_ids) == first_len
+
+
 def test_uniform_lengths_stay_in_range():
     spec = WorkloadSpec(num_requests=200, prompt_len=100, output_len=50, length_dist="uniform", length_spread=0.4)
     reqs = make_requests(spec)

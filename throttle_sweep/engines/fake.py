@@ -189,13 +189,14 @@ class FakeSession:
     def _grow_decoding(self) -> bool:
         """Decoding sequences (prefill complete) grow by one token; the newest is preempted when the cache is
         full. Whether any was preempted in this step."""
-        preempted_now = False
+        preempted_now, free = False, self._free_blocks()  # kept up to date below: summing each time was slow
         for seq in list(self.running):
             if seq not in self.running or seq["computed"] < self._context(seq):
                 continue
             need = self._blocks_for(seq["prompt"] + seq["done"] + 1) - seq["blocks"]
-            while need > self._free_blocks() and self.running:
+            while need > free and self.running:
                 victim = self.running.pop()
+                free += victim["blocks"]
                 victim["blocks"], victim["computed"] = 0, 0
                 self.waiting.appendleft(victim)
                 self.preempted += 1
@@ -204,6 +205,7 @@ class FakeSession:
                     break
             if seq in self.running:
                 seq["blocks"] += need
+                free -= need
         return preempted_now
 
     def _schedule_prefill(self, preempted_now: bool) -> int:
@@ -220,14 +222,16 @@ class FakeSession:
                 seq["computed"] += chunk
                 prefill_tokens += chunk
                 budget -= chunk
+        free = self._free_blocks()
         while self.waiting and not preempted_now and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             first = self._context(seq) if not self.chunked else min(self._context(seq), max(budget, 0))
             if first <= 0 or (not self.chunked and first > budget) \
-                    or self._blocks_for(self._context(seq) + 1) > self._free_blocks():
+                    or self._blocks_for(self._context(seq) + 1) > free:
                 break
             self.waiting.popleft()
             seq["blocks"] = self._blocks_for(self._context(seq) + 1)
+            free -= seq["blocks"]
             self.running.append(seq)
             budget -= first
             seq["computed"] = first
