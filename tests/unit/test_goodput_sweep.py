@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 from rich.console import Console
@@ -34,10 +35,19 @@ def run(tmp_path, *args):
     return code, console.export_text()
 
 
-def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_target(tmp_path):
-    code, said = run(tmp_path, "workload.target_rps=40")
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """The default sweep for 40 req/s, measured once (per test worker): the three tests below read it, or rerun
+    the command on a copy of its folder."""
+    folder = tmp_path_factory.mktemp("measured")
+    code, said = run(folder, "workload.target_rps=40")
     assert code == 0, said
-    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    return folder, said
+
+
+def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_target(measured):
+    folder, said = measured
+    summary = json.loads((folder / "g" / "summary.json").read_text())
     screened = {s["config"]: s for s in summary["screen"]}
     winner = summary["winner"]
     # the most sequences at once serves the most; it was confirmed, and it wins
@@ -54,14 +64,14 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
         1.39 / 3600 / (winner["capacity_rps"] * 0.9 * 32) * 1e6)  # 32 output tokens a request
     assert f"for 40 req/s: {fleet['replicas']} replicas" in said
     # the confirmation's runs interleave: at each rate step, every confirmed configuration runs before the next
-    runs = [r for r in read_records(tmp_path / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
+    runs = [r for r in read_records(folder / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
     k = len(summary["confirmed"])
     per_config = {c["config"]: sum(r["config"] == c["config"] for r in runs) for c in summary["confirmed"]}
     assert all(n == 4 * 4 for c, n in per_config.items() if c != "baseline")  # 4 knee rates x 4 passes each
     assert per_config["baseline"] >= 4 * 4 and k == 3
     # interleaved: no candidate runs twice in a row (the baseline does, at the rates only it runs)
     assert all(a["config"] != b["config"] for a, b in zip(runs, runs[1:], strict=False) if a["config"] != "baseline")
-    best = json.loads((tmp_path / "g" / "best" / "best.json").read_text())
+    best = json.loads((folder / "g" / "best" / "best.json").read_text())
     assert best["fleet"]["replicas"] == fleet["replicas"] and best["params"] == winner["params"]
     # the Pareto front at 40 req/s: the winner at its replicas is on it (cheapest), more replicas buy latency
     front = summary["pareto"]
@@ -70,10 +80,11 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
     assert all(a["p95_ttft_s"] > b["p95_ttft_s"] or a["p95_tpot_s"] > b["p95_tpot_s"]
                for a, b in zip(front, front[1:], strict=False))
     assert "the Pareto front:" in said
-    assert f"max-num-seqs: {winner['params']['max_num_seqs']}" in (tmp_path / "g" / "best" / "vllm_config.yaml").read_text()
+    assert f"max-num-seqs: {winner['params']['max_num_seqs']}" in (folder / "g" / "best" / "vllm_config.yaml").read_text()
 
 
-def test_a_rerun_measures_nothing_again_and_another_target_reads_the_same_runs(tmp_path):
+def test_a_rerun_measures_nothing_again_and_another_target_reads_the_same_runs(measured, tmp_path):
+    shutil.copytree(measured[0] / "g", tmp_path / "g")
     assert run(tmp_path, "workload.target_rps=40")[0] == 0
     assert not (tmp_path / "g" / "cost_vs_rate.png").exists()  # plots=false
     records = len(read_records(tmp_path / "g" / "replicates.jsonl"))
@@ -207,17 +218,16 @@ def test_a_baseline_cheaper_than_every_configuration_is_the_answer_and_nothing_i
     assert not (tmp_path / "g" / "best").exists() and list((tmp_path / "g").glob("best.superseded-*"))
 
 
-def test_the_baseline_also_runs_at_the_candidates_lowest_knee_rate_so_its_capacity_is_bounded_above(tmp_path):
+def test_the_baseline_also_runs_at_the_candidates_lowest_knee_rate_so_its_capacity_is_bounded_above(measured):
     """A baseline whose own knee rates all kept the SLO (its screen placed them low) has no upper bound, and
     then no saving against it can be claimed. In confirmation it also runs at the lowest of the confirmed
     candidates' knee rates above its own (the fixed-order test reads it from the top), where it fails beyond
     doubt: its capacity is bounded above. One such rate, not each candidate's: higher ones only queue."""
-    code, said = run(tmp_path, "workload.target_rps=40")
-    assert code == 0, said
-    records = [r for r in read_records(tmp_path / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
-    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    folder = measured[0]
+    records = [r for r in read_records(folder / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
+    summary = json.loads((folder / "g" / "summary.json").read_text())
     base_rates = {r["workload"]["rate"] for r in records if r["config"] == "baseline"}
-    screened = {r["workload"]["rate"] for r in read_records(tmp_path / "g" / "replicates.jsonl")
+    screened = {r["workload"]["rate"] for r in read_records(folder / "g" / "replicates.jsonl")
                 if r.get("config") == "baseline" and r.get("search_stage") == "knee"}
     lowest = [min(r["workload"]["rate"] for r in records if r["config"] == c["config"])
               for c in summary["confirmed"][1:]]
