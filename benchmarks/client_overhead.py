@@ -15,13 +15,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def ours(url: str, args: argparse.Namespace) -> float:
@@ -70,16 +70,15 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    from tests.stub_openai import StubProcess
+
     cores = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
-        port_file = Path(tmp) / "url"
-        server = subprocess.Popen([sys.executable, "-m", "tests.stub_openai", str(port_file)], cwd=ROOT)
+        server = StubProcess(Path(tmp))
         try:
-            while not port_file.exists() or not port_file.read_text():
-                time.sleep(0.05)
-            url = port_file.read_text()
+            url = server.base_url
             if len(cores) > 1:  # the server on one core, this client on another
-                os.sched_setaffinity(server.pid, {cores[-1]})
+                os.sched_setaffinity(server.process.pid, {cores[-1]})
                 os.sched_setaffinity(0, {cores[0]})
             ours(url, args), theirs(url, args)  # warm both (imports, connections)
             rates: dict[str, list[float]] = {"ours": [], "vllm": []}
@@ -89,8 +88,7 @@ def main() -> None:
                 print(f"round {r + 1}: ours {rates['ours'][-1]:,.0f} tok/s, vLLM's client {rates['vllm'][-1]:,.0f} tok/s",
                       flush=True)
         finally:
-            server.kill()
-            server.wait()
+            server.close()
     ratio = statistics.median(rates["ours"]) / statistics.median(rates["vllm"])
     print(f"client overhead ({args.requests} requests x {args.output_len} tokens, {args.concurrency} in flight, one "
           f"token per chunk, client on one core): ours / vLLM's benchmark client = {ratio:.2f} (medians of "

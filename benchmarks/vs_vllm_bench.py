@@ -129,21 +129,6 @@ def vllm(url: str, rate: float, n: int, seed: int, args: argparse.Namespace, tmp
     return {"ttft_ms": res["p95_ttft_ms"], "tpot_ms": res["p95_tpot_ms"], "rate": (n - 1) / (max(sent) - min(sent))}
 
 
-class StubProcess:
-    """tests/stub_openai.py in its own process: streams at once, one token per chunk, no model."""
-
-    def __init__(self, tmp: Path) -> None:
-        began, port_file = time.perf_counter(), tmp / "stub-url"
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.stub_openai", str(port_file)], cwd=ROOT)
-        while not port_file.exists() or not port_file.read_text():
-            time.sleep(0.05)
-        self.base_url, self.start_seconds = port_file.read_text(), time.perf_counter() - began
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-
 def main() -> None:
     print_latest_if_asked(__file__)
     parser = argparse.ArgumentParser()
@@ -160,6 +145,7 @@ def main() -> None:
     parser.add_argument("--stub", action="store_true", help="both clients against a stub server that answers at once "
                         "(tests/stub_openai.py, no model): what each client itself adds to TTFT and TPOT")
     args = parser.parse_args()
+    from tests.stub_openai import StubProcess
     from throttle_sweep.engines.vllm_server import VllmServerEngine, log_tail
     from throttle_sweep.models import TINY_QWEN2, model_config
 

@@ -5,10 +5,15 @@ purpose (a usage that disagrees with the ids sent, a stream cut short, an HTTP e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -126,10 +131,24 @@ class StubServer:
         self.httpd.server_close()
 
 
+class StubProcess:
+    """The stub in a process of its own (`main` below: streams at once, one token per chunk): the benchmarks'
+    server, so that it does not share the client's interpreter."""
+
+    def __init__(self, folder: Path) -> None:
+        began, port_file = time.perf_counter(), folder / "stub-url"
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.stub_openai", str(port_file)], cwd=ROOT)
+        while not port_file.exists() or not port_file.read_text():
+            time.sleep(0.05)
+        self.base_url, self.start_seconds = port_file.read_text(), time.perf_counter() - began
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def main() -> None:
     """`python -m tests.stub_openai PORT_FILE [TOKENS_PER_CHUNK]`: serve until killed; the URL goes to PORT_FILE."""
-    import sys
-
     server = StubServer(Behaviour(tokens_per_chunk=int(sys.argv[2]) if len(sys.argv) > 2 else 1))
     with open(sys.argv[1], "w") as f:
         f.write(server.url)

@@ -210,7 +210,7 @@ class HttpSession(WallClock):
         the driver sends it when it is due, not at the next chunk): then returns what arrived, maybe nothing."""
         items = []
         while not items:
-            wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.perf_counter())
+            wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - self.now())
             if wait <= 0:
                 return []
             try:
