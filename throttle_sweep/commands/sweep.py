@@ -26,6 +26,7 @@ from throttle_sweep.provenance import claim_run_folder, differences, has_records
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE
+from throttle_sweep.search.gpu_time import gpu_time
 from throttle_sweep.search.driver import Sweep
 from throttle_sweep.search.report import baseline_words, lines, write_report
 from throttle_sweep.search.runner import BaselineFails, SweepStopped
@@ -112,6 +113,10 @@ def run_locked(run: SweepRun, console: Console) -> int:
         say(line)
     if (note := short_work_note(log.records)) is not None:
         say(f"[yellow]note:[/] {note}")
+    twins = {(r.get("environment") or {}).get("device_name") for r in log.records
+             if (r.get("environment") or {}).get("device") == "twin"}
+    if twins:
+        say(gpu_time(log.records).text(", ".join(sorted(map(str, twins)))))
     report = write_report(out, result, run.price, settings.max_preemptions, plots=run.plots)
     say(f"report: {report}")
     if result.winner is None:

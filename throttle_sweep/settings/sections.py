@@ -62,7 +62,7 @@ def engine_from(cfg: DictConfig) -> Engine:
         if not isinstance(value, int | float) or value <= 0:
             raise ConfigError(f"{group}.{key} must be a positive number of seconds, but got {value!r}")
     server["log_dir"] = str(Path(server["log_dir"] or Path(cfg.results_dir) / "server-logs").absolute())
-    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint)
+    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint, twin=plain(cfg.twin))
 
 
 ARMS_OF = {"measure": ("url",), "compare": ("baseline_url", "candidate_url")}
