@@ -54,6 +54,7 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
 
 
 def engine_from(cfg: DictConfig) -> Engine:
+    check_gpu_here(cfg)
     knobs = FakeKnobs(**plain(cfg.fake)) if cfg.backend == "fake" else None
     server, endpoint = plain(cfg.server), plain(cfg.endpoint)
     for group, key in (("server", "start_timeout_s"), ("server", "stop_grace_s"), ("server", "request_timeout_s"),
@@ -63,6 +64,28 @@ def engine_from(cfg: DictConfig) -> Engine:
             raise ConfigError(f"{group}.{key} must be a positive number of seconds, but got {value!r}")
     server["log_dir"] = str(Path(server["log_dir"] or Path(cfg.results_dir) / "server-logs").absolute())
     return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint)
+
+
+def check_gpu_here(cfg: DictConfig) -> None:
+    """engine=gpu with an engine this machine runs (backend=vllm or server, no Ray cluster) needs a CUDA GPU
+    here: said at once, before a model is looked up or an engine started on the CPU instead."""
+    from throttle_sweep.engines import gpu_found
+
+    if chosen("engine") != "gpu" or cfg.backend not in ("vllm", "server") or cfg.ray.enabled:
+        return
+    if (why := gpu_found.no_gpu()) is not None:
+        raise ConfigError(f"engine=gpu with backend={cfg.backend} needs a CUDA GPU on this machine, and there is "
+                          f"no CUDA GPU here: {why}. To run the GPU path without one, simulate a GPU with "
+                          f"{gpu_found.TWIN_HINT}; for the CPU build's tiny model, leave out engine=gpu")
+
+
+def chosen(group: str) -> str | None:
+    """The option a config group was composed with (engine=gpu: 'gpu'); None outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().runtime.choices.get(group)
 
 
 ARMS_OF = {"measure": ("url",), "compare": ("baseline_url", "candidate_url")}

@@ -1,0 +1,61 @@
+"""engine=gpu on a machine without a CUDA GPU says so at once, before any model check or engine start (#45,
+finding 7); a real GPU's own answer (NVML counting it) is mocked here, as only a GPU machine can give it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import compose_cfg
+from throttle_sweep.engines import gpu_found
+from throttle_sweep.errors import ConfigError
+from throttle_sweep.settings.sections import engine_from
+
+
+class FakeNvml:
+    """NVML as the nvidia-ml-py module answers: a device count, or its error where no driver is loaded."""
+
+    class NVMLError(Exception):  # noqa: N818 - NVML's own name, which vLLM's platform check looks for
+        pass
+
+    def __init__(self, count: int | None) -> None:
+        self.count, self.shut = count, False
+
+    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+        if self.count is None:
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return self.count
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.shut = True
+
+
+@pytest.mark.parametrize("backend", ["vllm", "server"])
+def test_engine_gpu_without_a_gpu_fails_at_once_and_points_to_the_twin(monkeypatch, backend):
+    monkeypatch.setattr(gpu_found, "no_gpu", lambda: "NVML found no NVIDIA driver")
+    cfg = compose_cfg("engine=gpu", f"backend={backend}", "+space=batching")
+    with pytest.raises(ConfigError) as caught:
+        engine_from(cfg)
+    message = str(caught.value)
+    assert "engine=gpu" in message and "no CUDA GPU" in message and "NVML found no NVIDIA driver" in message
+    assert "backend=twin twin.gpu=H100" in message
+
+
+def test_a_gpu_found_or_another_backend_or_a_ray_cluster_is_not_refused(monkeypatch):
+    monkeypatch.setattr(gpu_found, "no_gpu", lambda: None)
+    assert engine_from(compose_cfg("engine=gpu")).name == "vllm"
+    monkeypatch.setattr(gpu_found, "no_gpu", lambda: "none here")
+    assert engine_from(compose_cfg("engine=gpu", "backend=fake")).name == "fake"
+    assert engine_from(compose_cfg("engine=gpu", "ray.enabled=true")).name == "vllm"  # the GPUs are the cluster's
+    assert engine_from(compose_cfg()).name == "vllm"  # the CPU build's tiny model
+
+
+def test_no_gpu_reads_the_build_and_nvml_as_vllms_platform_does():
+    assert "CPU build" in gpu_found.no_gpu(cpu=True, nvml=lambda: FakeNvml(1))
+    assert gpu_found.no_gpu(cpu=False, nvml=lambda: FakeNvml(2)) is None
+    none = FakeNvml(0)
+    assert "no GPU" in gpu_found.no_gpu(cpu=False, nvml=lambda: none) and none.shut
+    assert "NVML Shared Library Not Found" in gpu_found.no_gpu(cpu=False, nvml=lambda: FakeNvml(None),
+                                                               jetson=lambda: False)
+    assert gpu_found.no_gpu(cpu=False, nvml=lambda: FakeNvml(None), jetson=lambda: True) is None
