@@ -191,6 +191,7 @@ def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, s
         value = flags.get(key)
         if value is not None and value <= 0:
             raise ConfigError(f"{source}.{key} must be a positive integer, but got {value!r}")
+    check_data_parallel(engine, flags, source=source)
     model = flags.get("model")
     if model is not None and is_local_path(str(model)):
         path = Path(str(model)).expanduser()
@@ -203,6 +204,16 @@ def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, s
     spec.check(max_model_len=max_len)
     if model is None and spec.jsonl is not None:
         _check_token_prompts(spec)
+
+
+def check_data_parallel(engine: Engine, flags: Mapping[str, Any], *, source: str) -> None:
+    """vLLM's in-process class (LLM) refuses data_parallel_size > 1 at start, as vllm/entrypoints/llm.py does
+    unless an external launcher runs each rank: refused before it starts, where the flags are not to blame."""
+    size = flags.get("data_parallel_size") or 1
+    if engine.name == "vllm" and size > 1 and flags.get("distributed_executor_backend") != "external_launcher":
+        raise ConfigError(f"{source}.data_parallel_size={size}: vLLM's in-process engine (backend=vllm, its LLM "
+                          "class) runs one data-parallel rank only; use backend=server (vLLM's API server runs "
+                          "every rank), or data_parallel_size=1")
 
 
 def _check_token_prompts(spec: WorkloadSpec) -> None:

@@ -1,14 +1,18 @@
-"""engine=gpu on a machine without a CUDA GPU says so at once, before any model check or engine start (#45,
-finding 7); a real GPU's own answer (NVML counting it) is mocked here, as only a GPU machine can give it."""
+"""GPU settings that cannot run are refused before anything starts (#45): engine=gpu on a machine without a
+CUDA GPU (a real GPU's own answer, NVML counting it, is mocked here, as only a GPU machine can give it), and
+in-process data parallelism, which vLLM's LLM class refuses."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from tests.helpers import compose_cfg
 from throttle_sweep.engines import gpu_found
+from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.settings.sections import engine_from
+from throttle_sweep.settings.sections import engine_from, preflight, workload_from
 
 
 class FakeNvml:
@@ -59,3 +63,18 @@ def test_no_gpu_reads_the_build_and_nvml_as_vllms_platform_does():
     assert "NVML Shared Library Not Found" in gpu_found.no_gpu(cpu=False, nvml=lambda: FakeNvml(None),
                                                                jetson=lambda: False)
     assert gpu_found.no_gpu(cpu=False, nvml=lambda: FakeNvml(None), jetson=lambda: True) is None
+
+
+def test_in_process_data_parallel_is_refused_before_start_pointing_to_the_server():
+    """vLLM's LLM class refuses data_parallel_size > 1 at start (unless an external launcher runs it), which a
+    sweep would blame on the flags: refused here, naming the arm and the way that runs it."""
+    schema = {**FAKE_FLAG_SCHEMA, "data_parallel_size": int}
+    spec = workload_from(compose_cfg())
+    inproc, server = (SimpleNamespace(name=name, flag_schema=lambda: schema) for name in ("vllm", "vllm-server"))
+    with pytest.raises(ConfigError) as caught:
+        preflight(inproc, {"data_parallel_size": 2}, spec, source="baseline")
+    assert "baseline.data_parallel_size=2" in str(caught.value) and "backend=server" in str(caught.value)
+    preflight(server, {"data_parallel_size": 2}, spec, source="baseline")
+    preflight(inproc, {"data_parallel_size": 2, "distributed_executor_backend": "external_launcher"}, spec,
+              source="baseline")
+    preflight(inproc, {"data_parallel_size": 1}, spec, source="baseline")
