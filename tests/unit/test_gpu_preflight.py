@@ -78,3 +78,28 @@ def test_in_process_data_parallel_is_refused_before_start_pointing_to_the_server
     preflight(inproc, {"data_parallel_size": 2, "distributed_executor_backend": "external_launcher"}, spec,
               source="baseline")
     preflight(inproc, {"data_parallel_size": 1}, spec, source="baseline")
+
+
+def test_engine_gpu_with_the_cpu_memory_space_is_refused_pointing_to_the_gpu_one(monkeypatch):
+    """space=memory sweeps KV caches of a few MiB, sized for the CPU build's tiny model: on a GPU vLLM refuses
+    most of them for a real model, so the sweep stops before it starts and names the GPU memory space."""
+    monkeypatch.setattr(gpu_found, "no_gpu", lambda: None)
+    with pytest.raises(ConfigError) as caught:
+        engine_from(compose_cfg("engine=gpu", "+space=memory"))
+    assert "kv_cache_memory_bytes" in str(caught.value) and "+space=gpu_memory" in str(caught.value)
+
+
+def test_the_gpu_memory_space_straddles_vllms_defaults(monkeypatch):
+    from throttle_sweep.search.space import build_space
+    from throttle_sweep.settings.sections import arm_flags, plain
+
+    monkeypatch.setattr(gpu_found, "no_gpu", lambda: None)
+    cfg = compose_cfg("engine=gpu", "+space=gpu_memory")
+    engine_from(cfg)  # not refused
+    dists = build_space(plain(cfg.space), FAKE_FLAG_SCHEMA, source="space")
+    utilization = dists["gpu_memory_utilization"]
+    baseline = arm_flags(arm_flags(plain(cfg.engine)), plain(cfg.baseline))
+    assert utilization.low < baseline["gpu_memory_utilization"] < utilization.high
+    assert {"auto", "fp8"} <= set(dists["kv_cache_dtype"].choices)
+    assert 16 in dists["block_size"].choices  # vLLM's default block on CUDA
+    assert "kv_cache_memory_bytes" not in dists

@@ -54,7 +54,7 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
 
 
 def engine_from(cfg: DictConfig) -> Engine:
-    check_gpu_here(cfg)
+    check_gpu_engine(cfg)
     knobs = FakeKnobs(**plain(cfg.fake)) if cfg.backend == "fake" else None
     server, endpoint = plain(cfg.server), plain(cfg.endpoint)
     for group, key in (("server", "start_timeout_s"), ("server", "stop_grace_s"), ("server", "request_timeout_s"),
@@ -66,12 +66,19 @@ def engine_from(cfg: DictConfig) -> Engine:
     return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint)
 
 
-def check_gpu_here(cfg: DictConfig) -> None:
+def check_gpu_engine(cfg: DictConfig) -> None:
     """engine=gpu with an engine this machine runs (backend=vllm or server, no Ray cluster) needs a CUDA GPU
-    here: said at once, before a model is looked up or an engine started on the CPU instead."""
+    here: said at once, before a model is looked up or an engine started on the CPU instead. And its space
+    is not the CPU build's KV sizes of a few MiB (space=memory), which vLLM refuses for a real model."""
     from throttle_sweep.engines import gpu_found
 
-    if chosen("engine") != "gpu" or cfg.backend not in ("vllm", "server") or cfg.ray.enabled:
+    if chosen("engine") != "gpu":
+        return
+    if chosen("space") == "memory":
+        raise ConfigError("engine=gpu with +space=memory: that space sweeps kv_cache_memory_bytes of 4-64 MiB, "
+                          "sized for the CPU build's tiny model, which vLLM refuses for a real model's KV cache; "
+                          "on a GPU sweep +space=gpu_memory (gpu_memory_utilization, kv_cache_dtype, block_size)")
+    if cfg.backend not in ("vllm", "server") or cfg.ray.enabled:
         return
     if (why := gpu_found.no_gpu()) is not None:
         raise ConfigError(f"engine=gpu with backend={cfg.backend} needs a CUDA GPU on this machine, and there is "
