@@ -37,6 +37,7 @@ QUIET_ENV = {  # every build
     "VLLM_LOGGING_LEVEL": "ERROR",  # our results are the output; set VLLM_LOGGING_LEVEL=INFO to see vLLM
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's C++ warnings (a NUMA-binding line per engine start)
 }
+PREFIX_RESET_WAIT_S, PREFIX_RESET_RETRY_S = 1.0, 0.05  # a refused prefix-cache reset is tried again this long
 KV_SAMPLE_S = 0.1  # with a multiprocess engine core, KV usage is read from vLLM's metrics at most this often
 
 
@@ -133,9 +134,15 @@ class VllmSession(WallClock):
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
-        if self.llm.reset_prefix_cache() is False:  # vLLM resets nothing while requests still run
-            raise EngineRunError("vLLM did not reset its prefix cache (requests were still running): the "
-                                 "replicate would start with the last one's prompts cached")
+        """vLLM resets nothing, and answers False, while requests still hold blocks: tried again for up to
+        PREFIX_RESET_WAIT_S, as the HTTP path tries its server (openai_http)."""
+        deadline = time.monotonic() + PREFIX_RESET_WAIT_S
+        while self.llm.reset_prefix_cache() is False:
+            if time.monotonic() > deadline:
+                raise EngineRunError(f"vLLM did not reset its prefix cache within {PREFIX_RESET_WAIT_S:g} s "
+                                     "(requests still held blocks): the replicate would start with the last "
+                                     "one's prompts cached")
+            time.sleep(PREFIX_RESET_RETRY_S)
 
     def params(self, request: Request) -> Any:
         """The request's sampling as vLLM's API server builds it from the same request body (openai_http):

@@ -16,6 +16,21 @@ QWEN2_5_7B = Path(__file__).parent / "qwen2.5-7b-instruct"
 
 
 def model_config(model: str) -> dict | None:
-    """The model's config.json when it is a local folder, else None (a hub name we must not fetch)."""
+    """The model's config.json when it is a local folder, or a hub name this machine's Hugging Face cache
+    holds; else None (a hub name is never fetched here)."""
     path = Path(model) / "config.json"
+    if not path.is_file():
+        found = cached_config(model)
+        path = Path(found) if found is not None else path
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def cached_config(model: str) -> str | None:
+    """Where this machine's Hugging Face cache holds a hub model's config.json, or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - no hub client, or not a hub name: nothing cached
+        return None
+    return found if isinstance(found, str) else None

@@ -107,6 +107,9 @@ def row_cells(r: dict[str, Any], versus: str) -> tuple[str, str, str]:
         status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "
                   "(not measured again)")
         ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('the ')})"
+    elif r["source"] == "baseline":
+        status, ratio = "the baseline's own configuration, vLLM's defaults resolved (not measured as a trial)", \
+            f"{r['ratio']:.3f} (as baseline)"
     elif r["source"] == "reference":
         status, ratio = "the search's reference: its ratios are to this point (probed clean twice)", "1 (reference)"
     elif r["source"] == "boundary":

@@ -84,8 +84,8 @@ class StudyView:
         """The k feasible trials with the lowest ratio (distinct configurations: distinct flags, and not the
         same schedule as one ranked higher), never an infeasible or failed one, nor one told another's answer."""
         ranked: list[optuna.trial.FrozenTrial] = []
-        for t in sorted((t for t in self.trials() if feasible(t) and t.user_attrs.get("source") != "schedule"),
-                        key=cost):
+        for t in sorted((t for t in self.trials()
+                         if feasible(t) and t.user_attrs.get("source") not in ("schedule", "baseline")), key=cost):
             if len(ranked) == k:
                 break
             flags = self.candidate_flags(t.params)
@@ -107,6 +107,8 @@ class StudyView:
     def schedule_twin(self, params: Mapping[str, Any]) -> optuna.trial.FrozenTrial | str | None:
         """What these flags are known to be the same configuration as: 'baseline', a completed trial measured
         by its own comparison, or None."""
+        if self.is_baseline(params):
+            return BASELINE
         flags = self.candidate_flags(params)
         if self.schedules.fingerprint(flags) is None:
             return None
@@ -114,6 +116,15 @@ class StudyView:
             return BASELINE  # (its answer is the baseline probe's: without one, it is compared)
         return next((t for t in self.trials(TrialState.COMPLETE)
                      if measured(t) and self.schedules.same(flags, self.candidate_flags(t.params))), None)
+
+    def is_baseline(self, params: Mapping[str, Any]) -> bool:
+        """Are these flags the baseline's own configuration: its flags, with those it left to vLLM as its run
+        resolved them (served_defaults; known once the baseline probe ran)?"""
+        probe = self.findings.baseline_probe
+        if probe is None:
+            return False
+        resolved = {**self.baseline_flags, **(probe.get("served_defaults") or {})}
+        return flags_key(self.candidate_flags(params)) == flags_key(resolved)
 
     def may_share_schedule(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         """Could two configurations run one schedule: scheduling knobs apart the same flags, and the same
