@@ -18,7 +18,6 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from throttle_sweep.cost import engine_gpus
 from throttle_sweep.engines import gpu_memory
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.engines.flags import vllm_flag_schema
@@ -249,6 +248,18 @@ BATCH_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
 CORE_FAILED = "Engine core initialization failed"  # vLLM's words for a multiprocess core that did not start
 
 
+def start_failure(exc: Exception, flags: Mapping[str, Any]) -> str:
+    """Why a start failed. A multiprocess core's failure reaches this process only as "Engine core
+    initialization failed" (its refusal stays in its own log): the GPUs, read once the dead core's memory is
+    back, tell whether another process holds what the flags asked."""
+    reason = f"{type(exc).__name__}: {exc}"
+    if CORE_FAILED not in reason:
+        return reason
+    if short := gpu_memory.after_failure(flags):
+        reason += f" ({short})"
+    return reason
+
+
 def served_batch_defaults(flags: Mapping[str, Any]) -> dict[str, int]:
     """The batch flags left to vLLM's default, as `vllm serve` resolves them on this hardware. vLLM gives its
     offline class `LLM` other defaults than its API server (on an H100 16384 batched tokens against 8192; on
@@ -300,13 +311,7 @@ class VllmInprocEngine:
             llm = LLM(**resolved, **served)
         except Exception as exc:
             gc.collect()
-            reason = f"{type(exc).__name__}: {exc}"
-            # the multiprocess core's refusal stays in its own log, and this process hears only that the core
-            # failed: the GPUs, read again, tell whether memory was short
-            if CORE_FAILED in reason and (short := gpu_memory.shortfall_now(
-                    gpu_memory.utilization_of(resolved), lambda: gpu_memory.device_memory(engine_gpus(resolved)))):
-                reason += f" ({short})"
-            raise EngineStartError(reason) from exc
+            raise EngineStartError(start_failure(exc, resolved)) from exc
         session = VllmSession(llm)
         session.served_defaults = served
         session.memory_wait_s = waited
