@@ -18,11 +18,11 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from throttle_sweep.cost import engine_gpus
-from throttle_sweep.engines import gpu_memory
+from throttle_sweep.engines import core_stderr, gpu_memory
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
+from throttle_sweep.engines.core_stderr import CORE_FAILED
 from throttle_sweep.engines.flags import vllm_flag_schema
-from throttle_sweep.errors import EngineRunError, EngineStartError
+from throttle_sweep.errors import EngineRunError, EngineStartError, refused_for_memory
 from throttle_sweep.models import TINY_QWEN2
 
 # vLLM's CPU build only: keep the engine core in this process (fast restarts, one writer, no orphans),
@@ -253,7 +253,23 @@ def collections_deferred() -> Iterator[None]:
 
 
 BATCH_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
-CORE_FAILED = "Engine core initialization failed"  # vLLM's words for a multiprocess core that did not start
+
+
+def start_failure(exc: Exception, flags: Mapping[str, Any], listening: core_stderr.Listener | None) -> str:
+    """Why a start failed. A multiprocess core's failure reaches this process only as "Engine core
+    initialization failed": its own cause is read from what it wrote to stderr, and where that is not vLLM's
+    refusal for memory, the GPUs are read once the dead core's memory is back, to tell whether another process
+    holds what the flags asked."""
+    reason = f"{type(exc).__name__}: {exc}"
+    if CORE_FAILED not in reason:
+        return reason
+    if listening is not None:
+        listening.drain()
+        if said := core_stderr.cause(listening.lines()):
+            reason += f"; the engine core: {said}"
+    if not refused_for_memory(reason) and (short := gpu_memory.after_failure(flags)):
+        reason += f" ({short})"
+    return reason
 
 
 def served_batch_defaults(flags: Mapping[str, Any]) -> dict[str, int]:
@@ -302,18 +318,14 @@ class VllmInprocEngine:
         # vLLM refuses a start below gpu_memory_utilization x total free on each GPU: the last engine's memory
         # may still be on its way back
         waited = gpu_memory.before_start(resolved)
+        listening = None
         try:
-            served = served_batch_defaults(resolved)
-            llm = LLM(**resolved, **served)
+            with core_stderr.heard() as listening:  # a multiprocess core's traceback goes to the stderr it inherits
+                served = served_batch_defaults(resolved)
+                llm = LLM(**resolved, **served)
         except Exception as exc:
             gc.collect()
-            reason = f"{type(exc).__name__}: {exc}"
-            # the multiprocess core's refusal stays in its own log, and this process hears only that the core
-            # failed: the GPUs, read again, tell whether memory was short
-            if CORE_FAILED in reason and (short := gpu_memory.shortfall_now(
-                    gpu_memory.utilization_of(resolved), lambda: gpu_memory.device_memory(engine_gpus(resolved)))):
-                reason += f" ({short})"
-            raise EngineStartError(reason) from exc
+            raise EngineStartError(start_failure(exc, resolved, listening)) from exc
         session = VllmSession(llm)
         session.served_defaults = served
         session.memory_wait_s = waited

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from throttle_sweep.engines import gpu_memory
+from throttle_sweep.engines.core_stderr import cause
 from throttle_sweep.engines.openai_http import HttpSession
 from throttle_sweep.engines.vllm_inproc import (
     VllmInprocEngine,
@@ -98,14 +99,15 @@ def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
 
 
 def exit_reason(log_path: Path, code: int | None) -> str:
-    """Why a server exited before it was healthy: its log's last lines, and vLLM's refusal to start for memory
-    wherever it stands in the log (the API server's own traceback after it is longer than the tail)."""
+    """Why a server exited before it was healthy: its log's last lines, and the engine core's own cause
+    (vLLM's refusal to start for memory, where it is one) wherever it stands in the log: the API server's own
+    traceback after it is longer than the tail."""
     reason = f"the vLLM server exited (code {code}) before it was healthy"
     with contextlib.suppress(OSError):
-        refusal = [line for line in log_path.read_text(errors="replace").splitlines()
-                   if refused_for_memory(line)]
-        if refusal:
-            reason += f": {refusal[-1].strip()}"
+        lines = log_path.read_text(errors="replace").splitlines()
+        refusal = [line for line in lines if refused_for_memory(line)]
+        if said := (refusal[-1].strip() if refusal else cause(lines)):
+            reason += f": {said}"
     return f"{reason}; server log {log_path}, last lines:\n{log_tail(log_path)}"
 
 
