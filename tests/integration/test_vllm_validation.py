@@ -76,3 +76,18 @@ def test_both_vllm_engines_say_what_they_would_refuse_before_any_start(monkeypat
         assert engine.refusal({"max_num_seqs": 256, "max_num_batched_tokens": 2048}) is None
         assert engine.refusal({"model": "Qwen/Qwen2.5-0.5B-Instruct", "max_num_seqs": 2048,
                                "max_num_batched_tokens": 1024}) is None  # a start tells
+
+
+def test_compare_refuses_an_arm_vllm_would_refuse_before_any_engine_starts(tmp_path, monkeypatch):
+    import vllm
+
+    from tests.helpers import compose_cfg
+    from throttle_sweep.errors import ConfigError
+    from throttle_sweep.settings.compare import load_compare
+
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: pytest.fail("an engine started"))
+    cfg = compose_cfg("mode=compare", "candidate.max_num_seqs=2048", "candidate.max_num_batched_tokens=1024",
+                      tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match="candidate: the engine refuses these flags .*max_num_batched_tokens="
+                                          "1024.*must be greater than or equal to max_num_seqs \\(2048\\)"):
+        load_compare(cfg)
