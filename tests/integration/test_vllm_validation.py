@@ -91,3 +91,29 @@ def test_compare_refuses_an_arm_vllm_would_refuse_before_any_engine_starts(tmp_p
     with pytest.raises(ConfigError, match="candidate: the engine refuses these flags .*max_num_batched_tokens="
                                           "1024.*must be greater than or equal to max_num_seqs \\(2048\\)"):
         load_compare(cfg)
+
+
+def test_a_sweep_on_vllm_probes_only_the_values_vllm_accepts_and_keeps_the_refused_stretch(monkeypatch):
+    import optuna
+    import vllm
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from throttle_sweep.engines import VllmInprocEngine
+    from throttle_sweep.search.boundary import knob_values
+    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.search.refusals import probe_distribution
+    from throttle_sweep.search.schedules import ScheduleIndex
+    from throttle_sweep.search.state import StudyView
+
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: pytest.fail("an engine started"))
+    seqs = IntDistribution(1000, 1100)
+    view = StudyView(study=optuna.create_study(), settings=SweepSettings(boundary_knob="max_num_seqs"),
+                     distributions={"max_num_seqs": seqs, "max_num_batched_tokens": CategoricalDistribution([1024, 2048])},
+                     base_flags={"max_model_len": 1024}, baseline_flags={"max_model_len": 1024, "max_num_seqs": 1},
+                     schedules=ScheduleIndex(()), refusal=VllmInprocEngine().refusal)
+    assert knob_values(probe_distribution(view, "max_num_seqs", {"max_num_batched_tokens": 1024})) == list(
+        range(1000, 1025))
+    assert probe_distribution(view, "max_num_seqs", {"max_num_batched_tokens": 2048}) is seqs
+    ((stretch,),) = view.findings.refused.values()
+    assert (stretch["low"], stretch["high"], stretch["others"]) == (1025, 1100, {"max_num_batched_tokens": 1024})
+    assert "max_num_seqs (1025)" in stretch["reason"]
