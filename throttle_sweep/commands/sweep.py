@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from throttle_sweep import calibration
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.compare import MAX_ATTEMPTS
+from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
 from throttle_sweep.pool import Job, LocalPool
@@ -230,7 +231,7 @@ def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: An
     sweep = Sweep(study=study, distributions=distributions, base_flags=run.base, baseline_flags=baseline,
                   workload_key={"workload": asdict(run.spec), "backend": run.measurement["backend"]}, pool=pool,
                   write=log.append, existing=log.records, settings=settings, grid=run.grid,
-                  progress=progress)
+                  progress=progress, refusal=partial(engine_refusal, run.engine))
     return sweep, progress
 
 

@@ -358,12 +358,19 @@ class FakeEngine:
     def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in flags.items() if v is not None}
 
+    def refusal(self, flags: Mapping[str, Any]) -> str | None:
+        """What vLLM's scheduler config refuses too, in its words (the fake's stand-in for vllm_refusal)."""
+        seqs, tokens = flags.get("max_num_seqs"), flags.get("max_num_batched_tokens")
+        if seqs is not None and tokens is not None and tokens < seqs:
+            return (f"SchedulerConfig: max_num_batched_tokens ({tokens}) must be greater than or equal to "
+                    f"max_num_seqs ({seqs}).")
+        return None
+
     def start(self, flags: Mapping[str, Any]) -> FakeSession:
         index = self.starts
         self.starts += 1
-        seqs, tokens = flags.get("max_num_seqs"), flags.get("max_num_batched_tokens")
-        if seqs is not None and tokens is not None and tokens < seqs:  # vLLM refuses this too
-            raise EngineStartError(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs})")
+        if (why := self.refusal(flags)) is not None:
+            raise EngineStartError(why)
         for name, limit in self.knobs.fail_start_when.items():
             if (flags.get(name) or 0) > limit:
                 raise EngineStartError(f"fake engine refuses {name}={flags.get(name)} (> {limit})")

@@ -309,6 +309,17 @@ class VllmInprocEngine:
         resolved["disable_log_stats"] = False  # the preemption counter lives in the stats
         return resolved
 
+    def refusal(self, flags: Mapping[str, Any]) -> str | None:
+        """vLLM's reason for refusing these flags at start, from its own config validation (engines/
+        vllm_validation.py); None when it accepts them, or when it cannot be asked before a start (a model
+        named on a hub). The server engine asks the same of its own flags."""
+        from throttle_sweep.engines.vllm_validation import CannotValidate, vllm_refusal
+
+        try:
+            return vllm_refusal(self.engine_flags(flags))
+        except CannotValidate:
+            return None
+
     def start(self, flags: Mapping[str, Any]) -> VllmSession:
         prepare_environment()
         from vllm import LLM

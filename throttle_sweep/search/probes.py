@@ -15,6 +15,7 @@ import optuna
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.refusals import probe_distribution
 from throttle_sweep.search.runner import BaselineFails, Comparison, Runner
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import probed_attrs, told_reference, where
@@ -30,14 +31,14 @@ class Probes:
     def __init__(self, runner: Runner, view: StudyView, knob: str, settings: list[dict[str, Any]]) -> None:
         self.runner, self.view, self.knob, self.settings = runner, view, knob, settings
         self.slots = len(runner.pool.slots)
-        self.searches = [BoundarySearch.over(knob, view.distributions[knob], settings[0],
+        self.searches = [BoundarySearch.over(knob, probe_distribution(view, knob, settings[0]), settings[0],
                                              max_preemptions=view.settings.max_preemptions, parallel=self.slots)]
         self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
 
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
         near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
-        return [BoundarySearch.over(self.knob, self.view.distributions[self.knob], others,
+        return [BoundarySearch.over(self.knob, probe_distribution(self.view, self.knob, others), others,
                                     max_preemptions=self.view.settings.max_preemptions,
                                     parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
                                     direction=leader.direction)
@@ -100,6 +101,9 @@ def find_boundaries(runner: Runner, view: StudyView) -> None:
     if settings is None:
         runner.say(f"probes: the knobs other than {knob} have more than {s.boundary_settings_max} "
                    "settings (or a continuous one); feasibility is judged from each trial's replicates")
+        return
+    settings = [o for o in settings if probe_distribution(view, knob, o) is not None]  # (all refused: none)
+    if not settings:
         return
     stage = Probes(runner, view, knob, settings)
     runner.say(f"probes: one run per point to find where preemption starts along {knob} "

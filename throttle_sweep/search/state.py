@@ -4,7 +4,7 @@ ratios are to. It tells the study nothing; the stages do (probes.py, screen.py, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +30,16 @@ class Findings:
     probe_runs: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)  # every probe, in order
     baseline_probe: dict[str, Any] | None = None
     reference: dict[str, Any] | None = None  # the search's yardstick point; None: the baseline
+    refused: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # flags_key(others) -> refused stretches
 
 
 class StudyView:
     def __init__(self, *, study: optuna.Study, distributions: Mapping[str, Any], settings: SweepSettings,
-                 base_flags: Mapping[str, Any], baseline_flags: Mapping[str, Any], schedules: ScheduleIndex) -> None:
+                 base_flags: Mapping[str, Any], baseline_flags: Mapping[str, Any], schedules: ScheduleIndex,
+                 refusal: Callable[[Mapping[str, Any]], str | None] | None = None) -> None:
         self.study, self.distributions, self.settings = study, dict(distributions), settings
+        # flags -> the engine's reason for refusing them at start, or None (search/refusals.py)
+        self.refusal = refusal or (lambda flags: None)
         self.base_flags, self.baseline_flags = dict(base_flags), dict(baseline_flags)
         self.schedules = schedules  # flags -> the engine schedules their runs recorded
         self.findings = Findings()

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from throttle_sweep.analysis import COST_BASES
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine, FakeKnobs, make_engine
+from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.engines.model_source import check_model_reachable
 from throttle_sweep.errors import ConfigError, nearest
@@ -190,8 +191,11 @@ def is_local_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or Path(model).exists()
 
 
-def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> None:
-    """Check one arm's flags and the workload against them; raises ConfigError naming the bad key."""
+def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str,
+              refusals: bool = True) -> None:
+    """Check one arm's flags and the workload against them; raises ConfigError naming the bad key. With
+    `refusals`, flags the engine would refuse at start (vLLM's own config checks) are an error too; a sweep's
+    space is not checked so (its search tells refused proposals to the study: search/refusals.py)."""
     check_flags(flags, engine.flag_schema(), source=source)
     for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
                 "block_size", "tensor_parallel_size"):
@@ -211,6 +215,9 @@ def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, s
     spec.check(max_model_len=max_len)
     if model is None and spec.jsonl is not None:
         _check_token_prompts(spec)
+    if refusals and (why := engine_refusal(engine, flags)) is not None:
+        given = " ".join(f"{k}={v}" for k, v in sorted(flags.items()))
+        raise ConfigError(f"{source}: the engine refuses these flags ({given}) at start: {why}")
 
 
 def check_data_parallel(engine: Engine, flags: Mapping[str, Any], *, source: str) -> None:
