@@ -11,7 +11,7 @@ import pytest
 
 from tests.stub_openai import Behaviour, StubServer
 from throttle_sweep.engines.base import Request
-from throttle_sweep.engines.openai_http import HttpSession, kv_gap, parse_metrics
+from throttle_sweep.engines.openai_http import HttpSession, StreamFailed, Tally, kv_gap, parse_metrics
 from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
 from throttle_sweep.engines.vllm_server import ServerSession, VllmServerEngine, server_argv
 from throttle_sweep.errors import EngineRunError
@@ -24,8 +24,8 @@ def requests(n: int, output_len: int) -> list[Request]:
 
 def test_tokens_are_counted_not_chunks():
     """Three tokens per chunk: every request still produces exactly its output length, and its token times
-    are the chunks' arrivals, in order."""
-    with StubServer(Behaviour(tokens_per_chunk=3)) as stub:
+    are the chunks' arrivals, in order (chunks apart in time: chunks that come in one read are one arrival)."""
+    with StubServer(Behaviour(tokens_per_chunk=3, chunk_delay_s=0.02)) as stub:
         session = HttpSession(stub.url, "m")
         try:
             result = drive(session, requests(6, 10), loop="closed", concurrency=3)
@@ -43,6 +43,30 @@ def test_tokens_are_counted_not_chunks():
     sent = stub.requests[0]
     assert sent["prompt"] == [1, 2, 3, 4] and sent["max_tokens"] == sent["min_tokens"] == 10 and sent["ignore_eos"]
     assert sent["stream_options"]["continuous_usage_stats"]
+
+
+def sse(*events: str) -> bytes:
+    return b"".join(b"data: " + e.encode() + b"\n\n" for e in events)
+
+
+def test_a_read_of_several_chunks_is_one_arrival_and_a_chunk_split_over_reads_waits_for_its_end():
+    tally = Tally("r0")
+    one = '{"choices": [{"token_ids": [7], "finish_reason": null}], "usage": {"prompt_tokens": 4, "completion_tokens": %d}}'
+    data = sse(one % 1, one % 2, one % 3)
+    assert tally.feed(data[:-30]) and (tally.counted, tally.received) == (2, 2)  # the third is not complete yet
+    assert not tally.feed(b"")
+    assert tally.feed(data[-30:]) and (tally.counted, tally.received, tally.prompt_tokens) == (3, 3, 4)
+    last = '{"choices": [{"token_ids": [7], "finish_reason": "length"}], "usage": {"completion_tokens": 4}}'
+    assert tally.feed(sse(last, '{"choices": [], "usage": {"completion_tokens": 4}}', "[DONE]"))
+    assert tally.finished and tally.done and tally.counted == tally.received == 4
+
+
+@pytest.mark.parametrize(("data", "says"), [(sse('{"a": 1}', "[1, 2"), "not JSON: b'[1, 2'"),
+                                             (sse('{"a": 1}', "[1, 2]"), "not a JSON object: [1, 2]"),
+                                             (sse('{"error": "no"}'), "with an error: no")])
+def test_a_chunk_that_is_not_an_object_or_an_error_fails_its_request(data, says):
+    with pytest.raises(StreamFailed, match=says.replace("[", r"\[")):
+        Tally("r0").feed(data)
 
 
 def test_an_open_loop_sends_a_request_when_it_is_due_not_when_the_next_chunk_comes():
@@ -95,7 +119,7 @@ def test_a_server_that_is_gone_fails_the_run_instead_of_hanging():
     session = HttpSession(stub.url, "m")
     stub.__exit__()
     try:
-        with pytest.raises(EngineRunError, match="ConnectError"):
+        with pytest.raises(EngineRunError, match="request r0: .*Connect"):
             drive(session, requests(1, 4), loop="closed", concurrency=1)
     finally:
         session.close()
