@@ -37,6 +37,7 @@ WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still t
 # requests are in flight again.
 KV_SAMPLE_S, KV_SAMPLE_SHARE, KV_SAMPLE_MAX_S = 0.2, 0.25, 2.0
 SETTLE_S = 0.05  # between two reads of a counter that must agree
+LAG_TICK_S = 0.01  # while requests are in flight the loop is asked to wake this often; how late it wakes is its lag
 
 
 def kv_gap(in_flight_s: float) -> float:
@@ -180,6 +181,9 @@ class HttpSession(WallClock):
         self._client: httpx.AsyncClient = self._call(self._new_client())
         self._streams: aiohttp.ClientSession = self._call(self._new_streams(request_timeout_s))
         self._sampler: Any = None
+        self._watcher: Any = None
+        self._lags: list[float] = []  # how late the loop woke, each LAG_TICK_S (appended there, swapped here)
+        self._load_since = (time.perf_counter(), time.process_time())
 
     # ---- the loop thread ------------------------------------------------------------------------------
     async def _new_client(self) -> httpx.AsyncClient:
@@ -244,6 +248,24 @@ class HttpSession(WallClock):
                 pass  # a missed sample; a dead server shows in the streams themselves
             await asyncio.sleep(kv_gap(time.monotonic() - began))
 
+    async def _watch_lag(self) -> None:
+        while True:
+            began = time.perf_counter()
+            await asyncio.sleep(LAG_TICK_S)
+            self._lags.append(max(0.0, time.perf_counter() - began - LAG_TICK_S))
+
+    def client_load(self) -> dict[str, Any]:
+        """How loaded this client was since the last call: the CPU share of this process (its threads share
+        one interpreter lock, so 1.0 is the most its Python can use) and the streams' loop lag (p50/p99/max, s,
+        sampled while requests were in flight). A client near either limit measured itself, not the server."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        lags, self._lags = sorted(self._lags), []
+        (was_wall, was_cpu), self._load_since = self._load_since, (wall, cpu)
+        def at(q: float) -> float | None:
+            return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else None
+        return {"cpu_share": (cpu - was_cpu) / (wall - was_wall) if wall > was_wall else 0.0,
+                "loop_lag_s": {"p50": at(0.5), "p99": at(0.99), "max": at(1.0), "n": len(lags)}}
+
     # ---- EngineSession --------------------------------------------------------------------------------
     def begin_replicate(self, index: int) -> None:
         self.reset_prefix_cache()
@@ -252,6 +274,7 @@ class HttpSession(WallClock):
         self._open += 1
         if self._sampler is None:
             self._sampler = asyncio.run_coroutine_threadsafe(self._sample_kv(), self._loop)
+            self._watcher = asyncio.run_coroutine_threadsafe(self._watch_lag(), self._loop)
         asyncio.run_coroutine_threadsafe(self._stream(request), self._loop)
 
     def step(self) -> list[StepEvent]:
@@ -286,7 +309,8 @@ class HttpSession(WallClock):
                                     at_s=item.at_s))
         if not self._open and self._sampler is not None:
             self._sampler.cancel()
-            self._sampler = None
+            self._watcher.cancel()
+            self._sampler = self._watcher = None
         return events
 
     def has_unfinished(self) -> bool:
