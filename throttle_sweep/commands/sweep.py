@@ -27,8 +27,8 @@ from throttle_sweep.provenance import claim_run_folder, differences, has_records
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE
-from throttle_sweep.search.gpu_time import gpu_time
 from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.gpu_time import gpu_time
 from throttle_sweep.search.report import baseline_words, lines, write_report
 from throttle_sweep.search.runner import BaselineFails, SweepStopped
 from throttle_sweep.search.trials import resume_key, same_yardstick

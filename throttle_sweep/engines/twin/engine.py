@@ -23,7 +23,7 @@ from throttle_sweep.engines.twin.gpus import GpuSpec, describe, gpu_spec
 from throttle_sweep.engines.twin.memory import KvCache, kv_cache
 from throttle_sweep.engines.twin.model_shape import DTYPE_BYTES, ModelShape, load_shape
 from throttle_sweep.engines.twin.step_time import Batch, Efficiency, Roofline, graph_sizes
-from throttle_sweep.errors import ConfigError, EngineStartError
+from throttle_sweep.errors import ConfigError
 from throttle_sweep.models import QWEN2_5_0_5B, QWEN2_5_7B
 
 # Hub names whose config.json ships in the package (nothing is fetched).
@@ -142,10 +142,13 @@ class TwinEngine:
         return vllm_flag_schema()
 
     def refusal(self, flags: Mapping[str, Any]) -> str | None:
-        """What vLLM's own config validation refuses, decided before a start."""
-        from throttle_sweep.engines.vllm_validation import vllm_refusal
+        """What vLLM's own config validation refuses on this GPU (a mocked CUDA platform with its name, memory
+        and capability: engines/vllm_validation.py), decided before a start; the driver asks it of every set of
+        flags before it starts one, so start() does not ask again."""
+        from throttle_sweep.engines.vllm_validation import CudaDevice, vllm_refusal
 
-        return vllm_refusal(self.engine_flags(flags), device_name=self.gpu.name, memory_bytes=self.gpu.memory_bytes)
+        device = CudaDevice(self.gpu.device_name, self.gpu.memory_bytes, self.gpu.capability)
+        return vllm_refusal({**self.engine_flags(flags), "skip_tokenizer_init": True}, cuda=device)
 
     def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         resolved = {k: v for k, v in flags.items() if v is not None}
@@ -160,9 +163,6 @@ class TwinEngine:
         served = {k: v for k, v in served_defaults(self.gpu).items() if resolved.get(k) is None}
         seqs = int(resolved.get("max_num_seqs") or served["max_num_seqs"])
         tokens = int(resolved.get("max_num_batched_tokens") or served["max_num_batched_tokens"])
-        if tokens < seqs:  # vLLM's SchedulerConfig refuses it (the driver asks `refusal` before any start)
-            raise EngineStartError(f"ValueError: max_num_batched_tokens ({tokens}) must be greater than or equal "
-                                   f"to max_num_seqs ({seqs})")
         gpus = int(resolved.get("tensor_parallel_size") or 1) * int(resolved.get("pipeline_parallel_size") or 1)
         kv_dtype = str(resolved.get("kv_cache_dtype") or "auto")
         per_token = model.kv_bytes_per_token(DTYPE_BYTES.get(kv_dtype) if kv_dtype != "auto" else None)

@@ -20,15 +20,17 @@ class GpuSpec:
     bandwidth_bytes_s: float  # HBM/GDDR bandwidth, datasheet peak
     bf16_flops: float  # dense bf16 tensor-core FLOP/s, datasheet peak (no sparsity)
     layer_floor_s: float = 45e-6  # the shortest a decoder layer runs with CUDA graphs (launch and sync bound)
+    device_name: str = ""  # as vLLM's platform reads it from NVML (it picks some defaults by it)
+    capability: tuple[int, int] = (8, 0)  # CUDA compute capability (vLLM checks dtypes and kernels against it)
 
 
 # Datasheet figures (SXM parts where NVIDIA sells both); memory as nvidia-smi reports it.
 GPUS: dict[str, GpuSpec] = {
-    "A100-40GB": GpuSpec("A100-40GB", 40 * GIB, 1.555e12, 312e12, 50e-6),
-    "A100-80GB": GpuSpec("A100-80GB", 80 * GIB, 2.039e12, 312e12, 50e-6),
-    "H100-80GB": GpuSpec("H100-80GB", 81559 << 20, 3.35e12, 989e12, 45e-6),
-    "H200": GpuSpec("H200", 143771 << 20, 4.8e12, 989e12, 45e-6),
-    "L4": GpuSpec("L4", 23034 << 20, 0.300e12, 121e12, 60e-6),
+    "A100-40GB": GpuSpec("A100-40GB", 40 * GIB, 1.555e12, 312e12, 50e-6, "NVIDIA A100-SXM4-40GB", (8, 0)),
+    "A100-80GB": GpuSpec("A100-80GB", 80 * GIB, 2.039e12, 312e12, 50e-6, "NVIDIA A100-SXM4-80GB", (8, 0)),
+    "H100-80GB": GpuSpec("H100-80GB", 81559 << 20, 3.35e12, 989e12, 45e-6, "NVIDIA H100 80GB HBM3", (9, 0)),
+    "H200": GpuSpec("H200", 143771 << 20, 4.8e12, 989e12, 45e-6, "NVIDIA H200", (9, 0)),
+    "L4": GpuSpec("L4", 23034 << 20, 0.300e12, 121e12, 60e-6, "NVIDIA L4", (8, 9)),
 }
 ALIASES = {"A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200", "L4-24GB": "L4"}
 
@@ -57,7 +59,8 @@ def gpu_spec(given: str | Mapping[str, Any], *, key: str = "twin.gpu") -> GpuSpe
             raise ConfigError(f"{key}.{k} must be a positive number, but got {value!r}")
     floor = spec.get("layer_floor_us")
     return GpuSpec(str(spec["name"]), int(spec["memory_gib"] * GIB), spec["bandwidth_gb_s"] * 1e9,
-                   spec["bf16_tflops"] * 1e12, floor * 1e-6 if floor else GpuSpec.layer_floor_s)
+                   spec["bf16_tflops"] * 1e12, floor * 1e-6 if floor else GpuSpec.layer_floor_s,
+                   device_name=f"NVIDIA {spec['name']}")
 
 
 def describe(gpu: GpuSpec) -> dict[str, Any]:
