@@ -41,7 +41,8 @@ def test_tokens_are_counted_not_chunks():
         finally:
             session.close()
     assert [t.output_tokens for t in result.timings] == [10] * 6
-    assert all(len(t.token_times) == 4 for t in result.timings)  # 3+3+3+1 tokens in 4 chunks
+    # 3+3+3+1 tokens in 4 chunks: 4 arrivals, fewer where a loaded machine read two chunks at once
+    assert all(1 <= len(t.token_times) <= 4 for t in result.timings)
     for t in result.timings:
         assert t.submitted_s <= t.first_token_s == t.token_times[0] <= t.token_times[-1] == t.finished_s
     assert sum(s.tokens for s in result.steps) == 60
@@ -253,6 +254,7 @@ def test_a_server_on_a_gpu_waits_for_the_memory_its_gpus_will_need_before_it_is_
     monkeypatch.setattr(gpu_memory, "device_memory", lambda n: asked.append(n) or next(readings))
     monkeypatch.setattr(gpu_memory, "POLL_S", 0.0)
     monkeypatch.setattr(vllm_server, "cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_server, "served_batch_defaults", lambda flags: {})  # vLLM's EngineArgs would read /m
 
     class Launched(Exception):
         pass
