@@ -67,8 +67,16 @@ def sentence(spec: WorkloadSpec, now: WorkloadSpec, record: Mapping[str, Any], *
     return (f"calibration{' (read back from the records)' if again else ''}: the baseline ran "
             f"{spec.num_requests} requests in {record['wall_s']:.1f} s"
             + (f" after a {start:.0f} s engine start" if start else "")
-            + f"; every replicate runs {now.num_requests} requests (about {spec.replicate_s:g} s at the "
-            "baseline, workload.replicate_s)")
+            + f"; every replicate runs {now.num_requests} requests " + replicate_words(spec, now, record["wall_s"]))
+
+
+def replicate_words(spec: WorkloadSpec, now: WorkloadSpec, wall_s: float) -> str:
+    """How long a baseline replicate of the sized work will take, and why when it is not `replicate_s`."""
+    seconds = wall_s * now.num_requests / spec.num_requests
+    if now.num_requests == spec.concurrency and seconds > spec.replicate_s * 1.05:
+        return (f"(about {seconds:.0f} s at the baseline: never fewer than the {spec.concurrency} the loop keeps in "
+                f"flight, so longer than workload.replicate_s={spec.replicate_s:g} s)")
+    return f"(about {spec.replicate_s:g} s at the baseline, workload.replicate_s)"
 
 
 def failed_words(record: Mapping[str, Any]) -> str:

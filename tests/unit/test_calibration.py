@@ -27,6 +27,17 @@ def test_the_size_scales_the_calibration_run_to_the_target_time_and_keeps_every_
     assert calibration.sized_requests(spec, wall_s=45.0) == 100
 
 
+def test_the_sentence_says_how_long_a_replicate_will_take_and_why_when_the_requests_in_flight_set_its_size():
+    spec = WorkloadSpec(num_requests=2048, concurrency=2048, replicate_s=45.0)
+    slow = {"wall_s": 220.8, "engine_start_s": 50.0}
+    words = calibration.sentence(spec, calibration.sized(spec, slow), slow, again=False)
+    assert "every replicate runs 2048 requests (about 221 s at the baseline: never fewer than the 2048 the loop " \
+           "keeps in flight, so longer than workload.replicate_s=45 s)" in words
+    fast = {"wall_s": 10.0}
+    words = calibration.sentence(spec, calibration.sized(spec, fast), fast, again=False)
+    assert "every replicate runs 9216 requests (about 45 s at the baseline, workload.replicate_s)" in words
+
+
 @pytest.mark.parametrize("override, words", [
     ("workload.replicate_s=0", "workload.replicate_s must be a positive number of seconds"),
     ("workload.replicate_s=-3", "workload.replicate_s must be a positive number of seconds"),
