@@ -53,6 +53,17 @@ def no_process_left_behind():
     assert not left, f"processes left running after the test suite: {sorted(pid for pid, _ in left)}"
 
 
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt in this process for the test, whatever the suite inherited (a shell's
+    background job starts with it ignored): a test that sends one sets what it relies on."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A process or integration file's tests share engines, servers and clusters: under `--dist loadgroup` each

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -24,6 +25,12 @@ def compose_cfg(*overrides: str, tmp_path: Path | None = None):
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+def default_sigint() -> None:
+    """A child's SIGINT as a terminal gives it (`preexec_fn=`): a shell's background job starts with SIGINT
+    ignored, an ignored signal stays ignored across exec, and Python then installs no Ctrl-C handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class PoolBasics:

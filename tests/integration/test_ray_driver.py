@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, default_sigint
 from tests.integration.test_ray_cluster import FAKE, NO_PROBES, ROOT, assert_complete_comparisons, most_at_once
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.records import read_records
@@ -65,12 +65,6 @@ def assert_private_ray_is_locked_down(driver_pid: int, temp_dir: str) -> None:
     raylet = next(p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] in tree
                   and "raylet" in " ".join(p.info["cmdline"] or []))
     assert raylet.environ().get("RAY_AUTH_MODE") == "token"
-
-
-def default_sigint() -> None:
-    """A shell without job control starts background jobs with SIGINT ignored, and Python keeps it ignored:
-    give the driver the default, as a terminal would."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -14,7 +14,7 @@ def spin() -> None:
     sum(range(1000))  # bytecodes, at which Python runs a pending handler
 
 
-def test_a_ctrl_c_in_the_body_waits_until_it_is_done():
+def test_a_ctrl_c_in_the_body_waits_until_it_is_done(ctrl_c):
     done = []
     with pytest.raises(KeyboardInterrupt), deferred():
         os.kill(os.getpid(), signal.SIGINT)
@@ -23,7 +23,7 @@ def test_a_ctrl_c_in_the_body_waits_until_it_is_done():
     assert done and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_ctrl_c_does_not_cut_the_body_short_either():
+def test_a_second_ctrl_c_does_not_cut_the_body_short_either(ctrl_c):
     """Stopping mid-write could leave a record on disk that the run believes unwritten (and writes again)."""
     done = []
     with pytest.raises(KeyboardInterrupt), deferred():
@@ -50,7 +50,7 @@ def test_an_ignored_ctrl_c_stays_ignored_and_a_sigterm_still_stops_the_run():
     assert done
 
 
-def test_a_body_that_raises_still_restores_the_handlers():
+def test_a_body_that_raises_still_restores_the_handlers(ctrl_c):
     with pytest.raises(OSError), deferred():
         raise OSError("disk full")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

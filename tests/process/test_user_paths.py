@@ -14,6 +14,8 @@ from pathlib import Path
 import optuna
 import yaml
 
+from tests.helpers import default_sigint
+
 ROOT = Path(__file__).resolve().parents[2]
 # the demo's study on the fake engine, kept short: its folder, engine and workload are the demo's own
 DEMO = ["backend=fake", "+experiment=demo", "study.n_trials=2", "slots=1"]
@@ -182,7 +184,8 @@ def test_ctrl_c_in_compare_is_one_line_and_analyze_marks_the_abandoned_part_part
     args = ["mode=compare", "run=c", "backend=fake", "workload.num_requests=8", "plots=false"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "throttle_sweep", *args, "fake.realtime=true", "fake.start_s=0.3"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     records = tmp_path / "results" / "c" / "replicates.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 3):

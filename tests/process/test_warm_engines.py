@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, default_sigint
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
@@ -246,7 +246,7 @@ def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
          "fake.start_s=0.1", "workload.num_requests=8", "workload.concurrency=8", "compare.replicates=8", "compare.restart=never",
          f"results_dir={tmp_path}"],  # two engine processes, kept up
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background shell ignores SIGINT
+        preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
         while len(engines := engine_children(driver.pid)) < 2 or not list(tmp_path.glob("*/replicates.jsonl")):

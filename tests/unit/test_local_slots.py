@@ -207,7 +207,7 @@ def test_a_run_that_stops_on_one_record_of_a_batch_still_writes_the_others():
     assert sorted(r["slot"] for r in written) == ["s0", "s1", "s1"] and late in written
 
 
-def test_a_ctrl_c_while_the_driver_writes_a_batch_loses_none_of_its_records():
+def test_a_ctrl_c_while_the_driver_writes_a_batch_loses_none_of_its_records(ctrl_c):
     """A real SIGINT lands while the first record of a two-record batch is being written (the fsync is the
     long part of a write). The sweep stops as Ctrl-C asks, but only after the batch is written: the second
     record was measured too."""
