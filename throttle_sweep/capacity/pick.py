@@ -1,6 +1,6 @@
 """The goodput sweep's answer, from the configurations' confirmed capacities: the cost of each (per million
 output tokens at capacity, and of the replicas a target rate needs), the winner, and the ones it cannot be
-told from. Pure: no I/O (tests/unit/test_goodput_pick.py)."""
+told from. Pure: no I/O (tests/unit/test_goodput_sweep.py)."""
 
 from __future__ import annotations
 
