@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig
 
+from throttle_sweep.config import CompareConf, StudyConf
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine
 from throttle_sweep.errors import ConfigError
@@ -24,6 +25,7 @@ from throttle_sweep.settings.sections import (
     plain,
     preflight,
     price_from,
+    user_overrides,
     warm_engines_from,
     workload_from,
 )
@@ -31,6 +33,16 @@ from throttle_sweep.settings.sweep import space_extremes, space_file, space_name
 
 OBJECTIVES = ("cost", "goodput")
 GPU_TYPE = "gpu_type"  # the knob cost.prices adds: a configuration's params name its type, its flags do not
+# settings the goodput sweep's own loop (capacity/sweep.py) does not honour yet, and what it does instead: set to
+# anything but their defaults, they are refused, not silently ignored (the rule of settings/sections.py)
+NOT_HONOURED = {
+    "study.sampler": "its study is Optuna's TPE, seeded by study.seed",
+    "study.storage": "its study lives in memory, and its records (replicates.jsonl) resume it",
+    "study.timeout_s": "it runs each trial's rate search to its end: fewer study.n_trials spend less",
+    "study.budget_usd": "it runs each trial's rate search to its end: fewer study.n_trials spend less",
+    "compare.alpha": "its confirmed capacities are 95% intervals, Bonferroni-adjusted over the configurations "
+                     "confirmed",
+}
 
 
 def without_type(params: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +87,23 @@ def target_from(value: object) -> float | None:
     return float(value)
 
 
+def refuse_not_honoured(cfg: DictConfig) -> None:
+    """Each of NOT_HONOURED set to other than its default is refused by name, saying where it was set."""
+    defaults = {"study": StudyConf(), "compare": CompareConf()}
+    given = {o.lstrip("+~").split("=")[0] for o in user_overrides()}
+    for key, instead in NOT_HONOURED.items():
+        group, name = key.split(".")
+        value, default = cfg[group][name], getattr(defaults[group], name)
+        if value != default:
+            where = "on the command line" if key in given else "by the composed config (an experiment or group file)"
+            shown = "null" if default is None else default
+            raise ConfigError(f"{key}={value} (set {where}): the goodput sweep does not honour {key} yet ({instead}); "
+                              f"a setting it would ignore is refused: leave it at its default ({shown}) for "
+                              "study.objective=goodput")
+
+
 def load_goodput(cfg: DictConfig) -> GoodputRun:
+    refuse_not_honoured(cfg)  # first: nothing of this run may depend on a setting it would ignore
     if cfg.space is None:
         raise ConfigError("a goodput sweep needs a search space: add +space=batching (or your own)")
     if cfg.backend == "endpoint":

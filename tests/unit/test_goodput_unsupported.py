@@ -1,0 +1,37 @@
+"""What the goodput sweep does not do yet is said, never silently skipped (#47): the study settings its own
+loop would ignore are refused by name before anything runs, and mode=export and mode=analyze of its folder
+say what the folder holds and what to do, with a non-zero exit."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from tests.helpers import compose_cfg
+from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.errors import ConfigError
+
+# a goodput sweep of one trial on the fake engine: a few seconds
+TINY = ("backend=fake", "+space=batching", "study.objective=goodput", "workload=open_loop", "workload.num_requests=40",
+        "workload.output_len=16", "capacity.run_s=2", "capacity.knee_rates=3", "capacity.knee_replicates=2",
+        "slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05", "space.max_num_seqs.high=16",
+        "space.max_num_batched_tokens.choices=[2048]", "study.n_trials=1", "study.confirm_top=1", "plots=false",
+        "study.name=g")
+
+
+def run(command, tmp_path, *args) -> tuple[int, str]:
+    console = Console(record=True, width=250)
+    code = command.run(compose_cfg(*args, tmp_path=tmp_path), console)
+    return code, console.export_text()
+
+
+@pytest.mark.parametrize("setting", ["study.sampler=random", "study.storage=sqlite:///elsewhere.db",
+                                     "study.timeout_s=5", "study.budget_usd=0.001", "compare.alpha=0.1"])
+def test_a_study_setting_the_goodput_sweep_would_ignore_is_refused_by_name_before_anything_runs(tmp_path, setting):
+    key, value = setting.split("=")
+    with pytest.raises(ConfigError) as refused:
+        run(sweep_cmd, tmp_path, *TINY, setting)
+    said = str(refused.value)
+    assert f"{key}={value}" in said and f"the goodput sweep does not honour {key} yet" in said
+    assert "on the command line" in said
+    assert not (tmp_path / "g").exists()
