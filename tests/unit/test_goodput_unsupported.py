@@ -4,10 +4,14 @@ say what the folder holds and what to do, with a non-zero exit."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
+from throttle_sweep.commands import analyze as analyze_cmd
+from throttle_sweep.commands import export as export_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
 
@@ -25,6 +29,15 @@ def run(command, tmp_path, *args) -> tuple[int, str]:
     return code, console.export_text()
 
 
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A goodput sweep's folder, with its records, summary and best/ export (no study.db: it keeps none)."""
+    folder = tmp_path_factory.mktemp("swept")
+    code, said = run(sweep_cmd, folder, *TINY)
+    assert code == 0 and (folder / "g" / "best" / "vllm_config.yaml").is_file(), said
+    return folder
+
+
 @pytest.mark.parametrize("setting", ["study.sampler=random", "study.storage=sqlite:///elsewhere.db",
                                      "study.timeout_s=5", "study.budget_usd=0.001", "compare.alpha=0.1"])
 def test_a_study_setting_the_goodput_sweep_would_ignore_is_refused_by_name_before_anything_runs(tmp_path, setting):
@@ -35,3 +48,22 @@ def test_a_study_setting_the_goodput_sweep_would_ignore_is_refused_by_name_befor
     assert f"{key}={value}" in said and f"the goodput sweep does not honour {key} yet" in said
     assert "on the command line" in said
     assert not (tmp_path / "g").exists()
+
+
+def test_export_of_a_goodput_sweep_names_its_best_folder_instead_of_no_study(swept, tmp_path):
+    shutil.copytree(swept / "g", tmp_path / "g")
+    with pytest.raises(ConfigError) as refused:
+        run(export_cmd, tmp_path, "mode=export", "study.name=g")
+    said = str(refused.value)
+    assert "goodput sweep" in said and "no study at" not in said
+    assert str(tmp_path / "g" / "best") in said and "vllm_config.yaml" in said
+    shutil.rmtree(tmp_path / "g" / "best")  # a sweep that has confirmed no winner (yet): no export to name
+    with pytest.raises(ConfigError, match=r"goodput sweep.*no best/ folder.*run the sweep's command again"):
+        run(export_cmd, tmp_path, "mode=export", "study.name=g")
+
+
+def test_analyze_of_goodput_records_says_they_are_not_recomputed_and_fails(swept, tmp_path):
+    code, said = run(analyze_cmd, tmp_path, "mode=analyze", f"input={swept / 'g' / 'replicates.jsonl'}")
+    assert code != 0, said
+    assert "goodput sweep" in said and "mode=analyze does not recompute" in said
+    assert str(swept / "g" / "summary.json") in said

@@ -14,7 +14,7 @@ from rich.console import Console
 from throttle_sweep.analysis import analyse, analyse_joint, check_positions, load_input
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.inventory import CALIBRATION, CAPACITY, COMPARISON, MEASURE, PROBE, Entry, inventory
+from throttle_sweep.inventory import CALIBRATION, CAPACITY, COMPARISON, GOODPUT, MEASURE, PROBE, Entry, inventory
 from throttle_sweep.report import lines, write
 from throttle_sweep.settings.analyze import load_analyze
 
@@ -28,6 +28,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         for line in listing(entries, path):
             say(line)
     chosen = choose(entries, a.comparison, path)
+    if not chosen and any(e.kind in GOODPUT for e in entries):  # said in the listing: nothing is recomputed
+        return 1
     for entry in chosen:
         first = entry.records[0]
         price = Price(first["usd_per_gpu_hour"], first["gpus"]) if "usd_per_gpu_hour" in first else None
@@ -71,6 +73,13 @@ def listing(entries: list[Entry], path: Path) -> list[str]:
             rates = [r["workload"]["rate"] for r in e.records]
             out.append(f"  {len(e.records)} runs of mode=capacity at {min(rates):.4g} to {max(rates):.4g} requests/s "
                        "(its summary.json says the capacity); not a comparison")
+        elif e.kind in GOODPUT:
+            rates = [r["workload"]["rate"] for r in e.records]
+            out.append(f"  {len(e.records)} runs of a goodput sweep (study.objective=goodput: rate searches and "
+                       f"confirmations at {min(rates):.4g} to {max(rates):.4g} requests/s): goodput records, which "
+                       f"mode=analyze does not recompute (it recomputes cost comparisons). The sweep's answer is in "
+                       f"{path.parent / 'summary.json'}; its command, run again, recomputes it from these records "
+                       "without measuring anything again")
         elif e.kind == MEASURE:
             costs = ", ".join(f"${r['usd_per_mtok']:.4g}" if r.get("usd_per_mtok") else str(r.get("status"))
                               for r in e.records)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.settings.sections import measured_sections, user_overrides, workload_from
@@ -27,6 +27,26 @@ def load_export(cfg: DictConfig) -> ExportRun:
         raise ConfigError("mode=export needs study.name=NAME (the folder under results/)")
     name, out, storage = study_location(cfg)
     if cfg.study.storage is None and not (out / "study.db").is_file():
-        raise ConfigError(f"study.name={name!r}: no study at {out / 'study.db'}")
+        raise ConfigError(goodput_words(name, out) or f"study.name={name!r}: no study at {out / 'study.db'}")
     return ExportRun(name=name, folder=out, storage=storage,
                      composed=measured_sections(cfg, workload_from(cfg)), overrides=user_overrides())
+
+
+def goodput_words(name: str, out: Path) -> str | None:
+    """For a goodput sweep's folder (its config.yaml says study.objective=goodput), which keeps no study: what
+    the folder holds, and where its export is (best/, written by the sweep itself). None for any other."""
+    saved = out / "config.yaml"
+    if not saved.is_file() or OmegaConf.load(saved).get("study", {}).get("objective") != "goodput":
+        return None
+    held = [f for f in ("replicates.jsonl", "summary.json", "best") if (out / f).exists()]
+    head = (f"study.name={name!r} is a goodput sweep (study.objective=goodput in {saved}), which keeps no study; "
+            f"{out} holds {', '.join(held) or 'no records yet'}")
+    best = out / "best"
+    if best.is_dir():
+        files = ", ".join(sorted(p.name for p in best.iterdir()))
+        return (f"{head}. Its export is the best/ folder the sweep wrote when it confirmed its winner: {best} "
+                f"({files}); mode=export has nothing to add. To write it again, run the sweep's command again: it "
+                "replays its records and measures nothing again")
+    return (f"{head}, and no best/ folder: the sweep writes its export there once it confirms a winner. To finish "
+            "it, run the sweep's command again (it goes on from its records); if it finished, its summary.json "
+            "says why no configuration was exported")
