@@ -371,3 +371,17 @@ def test_a_single_max_num_seqs_value_is_left_as_it_is_whatever_the_work_in_fligh
         assert within_in_flight({"max_num_seqs": dist}, 8, source="s") == ({"max_num_seqs": dist}, None)
     clipped, note = within_in_flight({"max_num_seqs": IntDistribution(2, 62, step=4)}, 8, source="s")
     assert clipped["max_num_seqs"].high == 10 and "up to max_num_seqs=10" in note  # 2, 6, 10: 10 runs all 8
+
+
+def test_a_sweep_whose_budget_ran_out_before_any_comparison_says_it_stopped_before_an_answer(tmp_path):
+    """study.timeout_s spent before the search compared anything: no candidate was measured, so "none was
+    confirmed cheaper" would be an answer where nothing was measured (#47)."""
+    console = Console(record=True, width=250)
+    code = sweep_cmd.run(compose_cfg("backend=fake", *WORK, *SPACE, "study.boundary=none", "study.timeout_s=0.001",
+                                     "study.name=late", "plots=false", tmp_path=tmp_path), console)
+    said = console.export_text()
+    assert code != 0, said
+    assert "no candidate was confirmed cheaper" not in said
+    assert "stopped before an answer" in said and "study.timeout_s" in said
+    assert "stopped before an answer" in (tmp_path / "late" / "report.md").read_text()
+    assert not (tmp_path / "late" / "best").exists()

@@ -29,7 +29,7 @@ from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE
 from throttle_sweep.search.driver import Sweep
 from throttle_sweep.search.gpu_time import gpu_time
-from throttle_sweep.search.report import baseline_words, lines, write_report
+from throttle_sweep.search.report import baseline_words, lines, no_answer, write_report
 from throttle_sweep.search.runner import BaselineFails, SweepStopped
 from throttle_sweep.search.trials import resume_key, same_yardstick
 from throttle_sweep.settings.goodput import objective_of
@@ -124,7 +124,7 @@ def run_locked(run: SweepRun, console: Console) -> int:
         study.set_user_attr("winner", None)  # an earlier run's winner is not this study's answer any more
         if (out / "best").exists():
             say(f"no winner to export; the earlier export was moved to {move_aside(out / 'best')}")
-        return 0
+        return 3 if no_answer(result) is not None else 0  # stopped before an answer, as a SweepStopped is
     est = (result.winner.adjusted or result.winner.analysis).estimate
     study.set_user_attr("winner", {"trial": result.winner.source_trial, "params": result.winner.params,
                                    "ratio": est.ratio, "ci": [est.ci_low, est.ci_high],

@@ -45,6 +45,7 @@ class SweepResult:
     tied: list[Confirmation] = field(default_factory=list)  # confirmed savings the winner could not be told from
     certainty: Certainty | None = None  # how sure the pick is (None: no rival to be surer than)
     tiebreak: TieBreak | None = None  # the runs that broke a tie among confirmed savings (None: no tie to break)
+    stopped_by: str | None = None  # why the search stopped before its trials were done (its budget), if it did
 
 
 class Sweep:
@@ -72,7 +73,7 @@ class Sweep:
         plan = projected(runner)
         if plan is not None:
             runner.say(plan.sentence(slots=len(runner.pool.slots), budget_usd=s.budget_usd, timeout_s=s.timeout_s))
-        self.search(plan)
+        stopped_by = self.search(plan)
         confirmations = self.confirm()
         winner, tied = choose_winner(confirmations, s.thresholds.alpha)
         tie = break_tie(runner, view, [winner, *tied]) if tiebreak_needed(winner, tied, s.tiebreak_replicates) \
@@ -83,14 +84,17 @@ class Sweep:
         sure = how_sure(winner, confirmations, s.thresholds.claim, tiebreak=runs) if winner is not None else None
         return SweepResult(view.study, confirmations, winner, runner.records,
                            pareto=view.pareto() if s.multi_objective else [], cost_basis=s.cost_basis, tied=tied,
-                           certainty=sure, tiebreak=tie)
+                           certainty=sure, tiebreak=tie, stopped_by=stopped_by)
 
     def find_boundaries(self) -> None:
         find_boundaries(self.runner, self.view)
         record_refusals(self.view)
 
-    def search(self, plan: Plan | None = None) -> None:
-        Screen(self.runner, self.view, self.grid, plan).run()
+    def search(self, plan: Plan | None = None) -> str | None:
+        """The search; why it stopped early (its budget), or None."""
+        screen = Screen(self.runner, self.view, self.grid, plan)
+        screen.run()
+        return screen.stopped_by
 
     def confirm(self) -> list[Confirmation]:
         return confirm(self.runner, self.view)

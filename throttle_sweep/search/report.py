@@ -237,6 +237,8 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         if same:
             out.append("the same configuration as the winner (the same engine schedule, scheduling knobs apart; "
                        "measured once): " + ", ".join(fmt_params(t.params) for t in same))
+    elif (why := no_answer(result)) is not None:
+        out.append(why)
     else:
         untuned = " vLLM as it runs untuned" if base and all(base.get(k) is None for k in BATCH) else ""
         # a saving beyond the noise that may lie inside the margin is not a claim, but not nothing either
@@ -262,6 +264,18 @@ def baseline_words(baseline: Mapping[str, Any] | None) -> str:
     defaults = (f"{', '.join(left)}: vLLM's default{'s' if many else ''}, as `vllm serve` resolves "
                 f"{'them' if many else 'it'}")
     return "the baseline" + (f" {given}" if given else "") + (f" ({defaults})" if left else "")
+
+
+def no_answer(result: SweepResult) -> str | None:
+    """Why the sweep has no answer at all: its search stopped on its budget before any comparison was measured
+    (the probes alone decide nothing), so no saving is claimed nor ruled out. None when it has one."""
+    compared = any(r.get("stage") in ("search", "confirm") and r.get("status") == "ok" for r in result.records)
+    if result.stopped_by is None or compared or result.confirmations:
+        return None
+    return (f"stopped before an answer: the search's budget ran out before any comparison was measured "
+            f"({result.stopped_by}), so no candidate was compared with the baseline and nothing is claimed or "
+            "ruled out; raise study.timeout_s or study.budget_usd (or unset them) and run the same command again: "
+            "it resumes")
 
 
 def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:
