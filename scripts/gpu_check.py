@@ -38,18 +38,21 @@ SHIPPED_MODEL = [f"engine.model={QWEN}", "+engine.load_format=dummy", "+engine.s
 PUBLISHED_ARMS = ["baseline.max_num_seqs=1", "candidate.max_num_seqs=8", "compare.schedule=aba-bab",
                   "compare.replicates=3", "workload.concurrency=8", "cost.usd_per_gpu_hour=1.39"]
 STEPS = {
-    # On a GPU: a baseline replicate of 64 x 256 output tokens at max_num_seqs=1 lasts about 30 s on an
-    # A100 (about 500 tokens/s, from the published cost), the candidate's about 10 s. The sweep keeps 1024 in
-    # flight, starts at 64 sequences (a GPU's max_num_seqs=1 on this work would take minutes a run) and runs
-    # 4 trials; vLLM's defaults (256 on an A100, 1024 on an H100) lie inside its range. Both keep their
-    # request counts (no sizing by time): the check's minutes are planned from them.
+    # On a GPU: sized so that the H100 twin predicts at most 10 GPU-minutes for both steps (scripts/gpu-check
+    # --twin H100; the README has its output). Engine starts dominate: every replicate starts an engine. The
+    # published comparison keeps its 256 + 256 tokens and six runs, with 16 requests. The sweep keeps 1024 in
+    # flight over a range that holds vLLM's defaults (256 sequences on an A100, 1024 on an H100; 2048 and 8192
+    # tokens) and compares 2 trials with the baseline in 2 + 2 runs each, then confirms the best in 2 + 2: 12
+    # runs. No boundary probes: on a GPU of 40 GB or more this model's KV cache holds thousands of these
+    # requests, so preemption starts far above the range.
     "gpu": {
-        "published": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=64", "workload.prompt_len=256",
+        "published": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=8", "workload.prompt_len=256",
                       "workload.output_len=256", "workload.replicate_s=null"],
-        "sweep": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=2048", "workload.replicate_s=null",
-                  "workload.concurrency=1024", "workload.prompt_len=128", "workload.output_len=128",
+        "sweep": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=1024", "workload.replicate_s=null",
+                  "workload.concurrency=1024", "workload.prompt_len=128", "workload.output_len=12",
                   "space.max_num_seqs.low=64", "space.max_num_batched_tokens.choices=[2048,8192]",
-                  "study.n_trials=4", "study.confirm_top=1"],
+                  "study.boundary=none", "study.n_trials=2", "compare.replicates=2", "study.confirm_top=1",
+                  "study.confirm_replicates=2"],
     },
     # On vLLM's CPU build: the embedded tiny model, the main command's work, and a KV cache with room for all
     # but one of the 16 in flight, so that vLLM's default (128 sequences as `vllm serve` resolves it here)
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if spent:
         lines.append(f"  GPU time {where}, predicted, not measured: {sum(spent.values()):.1f} GPU-minutes in all ("
                      + ", ".join(f"{step} {value:.1f}" for step, value in spent.items()) + ")")
-    lines.append(f"  took {took}m{seconds:02d}s here; results in {out}")
+    lines.append(f"  took {took}m{seconds:02d}s{' here' if args.twin else ''}; results in {out}")
     print(*lines, sep="\n", flush=True)
     return 0
 
