@@ -6,7 +6,7 @@ The published experiment: Qwen2.5-0.5B on an A100 at $1.39/h, eight requests in 
 architecture of Qwen2.5-0.5B-Instruct (its config.json and generation_config.json ship in
 throttle_sweep/models: its sampling defaults apply, as the API server applies them) with dummy weights and
 token-id prompts, so nothing is downloaded. Without a tokenizer nothing is detokenized, which a served
-model pays for; and the published runs' exact work is not recorded, so the check's (64 requests of 256 + 256
+model pays for; and the published runs' exact work is not recorded, so the check's (8 requests of 256 + 256
 tokens) is its own. On vLLM's CPU build it serves the embedded tiny model, where the
 ratio is its own (the tiny model is not the published one), and the check proves the path end to end.
 
@@ -39,11 +39,12 @@ PUBLISHED_ARMS = ["baseline.max_num_seqs=1", "candidate.max_num_seqs=8", "compar
                   "compare.replicates=3", "workload.concurrency=8", "cost.usd_per_gpu_hour=1.39"]
 STEPS = {
     # On a GPU: sized so that the H100 twin predicts at most 10 GPU-minutes for both steps (scripts/gpu-check
-    # --twin H100; the README has its output). Engine starts dominate: every replicate starts an engine. The
-    # published comparison keeps its 256 + 256 tokens and six runs, with 16 requests. The sweep keeps 1024 in
-    # flight over a range that holds vLLM's defaults (256 sequences on an A100, 1024 on an H100; 2048 and 8192
-    # tokens) and compares 2 trials with the baseline in 2 + 2 runs each, then confirms the best in 2 + 2: 12
-    # runs. No boundary probes: on a GPU of 40 GB or more this model's KV cache holds thousands of these
+    # --twin H100; the README has its output, tests/integration/test_gpu_check.py holds it). Engine starts
+    # dominate: every replicate starts an engine, 18 in all. The published comparison: six runs of 8 requests
+    # of 256 + 256 tokens (the candidate runs them as one batch, the baseline one at a time). The sweep keeps
+    # 1024 in flight over a range that holds vLLM's defaults (256 sequences on an A100, 1024 on an H100; 2048
+    # and 8192 tokens), compares 2 trials with the baseline in 2 + 2 runs each, then confirms the best in
+    # 2 + 2: 12 runs. No boundary probes: on an A100 or an H100 this model's KV cache holds thousands of these
     # requests, so preemption starts far above the range.
     "gpu": {
         "published": ["engine=gpu", *SHIPPED_MODEL, "workload.num_requests=8", "workload.prompt_len=256",
