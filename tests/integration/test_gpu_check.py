@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import compose_cfg, gpu_check
+from throttle_sweep.records import read_records
+from throttle_sweep.search.gpu_time import gpu_time
 from throttle_sweep.settings.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +70,41 @@ def test_the_gpu_sweep_runs_against_vllms_defaults_over_a_range_that_holds_them(
     assert set(run.distributions["max_num_batched_tokens"].choices) >= {2048, 8192}
     assert run.base["model"] == str(check.QWEN) and run.base["load_format"] == "dummy"
     assert not run.out.exists()  # checked only: nothing written
+
+
+@pytest.mark.parametrize("gpu", ["H100", "A100"])
+def test_the_twin_refuses_nothing_the_gpu_steps_need(gpu, tmp_path):
+    """The GPU steps' flags as `--twin` runs them: the baseline (vLLM's defaults, the model's own 32768-token
+    max_model_len), both published arms and each end of the sweep's space pass vLLM's validation on the twin
+    GPU and get a KV cache there."""
+    from throttle_sweep.settings.sections import arm_flags, plain
+    from throttle_sweep.settings.sweep import space_extremes
+
+    check = gpu_check()
+    twin = ["backend=twin", f"twin.gpu={gpu}"]
+    run = load_sweep(compose_cfg("+space=batching", "study.name=sweep", *check.STEPS["gpu"]["sweep"], *twin,
+                                 tmp_path=tmp_path))
+    cfg = compose_cfg("mode=compare", *check.PUBLISHED_ARMS, *check.STEPS["gpu"]["published"], *twin,
+                      tmp_path=tmp_path)
+    arms = [arm_flags(plain(cfg.engine), plain(cfg[arm])) for arm in ("baseline", "candidate")]
+    for flags in [run.baseline, *arms, *(flags for _, flags in space_extremes(run.base, run.distributions))]:
+        assert run.engine.refusal(flags) is None, flags
+        assert run.engine.start(flags).kv_bytes > 0
+
+
+def test_on_the_h100_twin_the_check_says_the_gpu_minutes_it_takes_and_they_are_at_most_ten(tmp_path, capsys):
+    """`--twin H100` with the real step list (under a minute here): both steps run on the twin, none on vLLM,
+    and the summary gives the GPU-minutes their records stand for, which the check is sized to keep within 10."""
+    check = gpu_check()
+    assert check.main(["--twin", "H100", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    records = {step: read_records(tmp_path / step / "replicates.jsonl") for step in ("published", "sweep")}
+    for step in records.values():
+        assert step and {(r["environment"]["engine"], r["environment"]["device_name"], r["environment"]["predicted"])
+                         for r in step} == {("twin", "H100-80GB", True)}
+    spent = {step: gpu_time(found).total_s / 60 for step, found in records.items()}
+    assert all(minutes > 0 for minutes in spent.values()) and sum(spent.values()) <= 10
+    tail = out[out.index("\ngpu-check\n"):]
+    assert "max_num_seqs 1 against 8, eight in flight, on the H100-80GB twin: ratio " in tail
+    assert (f"GPU time on the H100-80GB twin, predicted, not measured: {sum(spent.values()):.1f} GPU-minutes in all "
+            f"(published comparison {spent['published']:.1f}, sweep {spent['sweep']:.1f})") in tail

