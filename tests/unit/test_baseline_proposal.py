@@ -61,3 +61,11 @@ def test_the_report_says_it_is_the_baseline_not_measured():
            "source": "baseline", "same_schedule_as": "the baseline", "stopped": None}
     _, ratio, status = row_cells(row, "baseline")
     assert ratio == "1.000 (as baseline)" and "baseline's own configuration" in status and "not measured" in status
+
+
+def test_a_proposal_that_leaves_a_flag_to_vllm_is_the_baseline_when_vllm_resolves_it_the_same():
+    """A one-knob space on an H100: max_num_seqs=1024 with the token budget left to vLLM is (1024, 8192)."""
+    v = view()
+    v.distributions = {"max_num_seqs": IntDistribution(64, 2048, log=True)}
+    assert v.is_baseline({"max_num_seqs": 1024})
+    assert not v.is_baseline({"max_num_seqs": 512})

@@ -127,8 +127,10 @@ class StudyView:
         probe = self.findings.baseline_probe
         if probe is None:
             return False
-        resolved = {**self.baseline_flags, **(probe.get("served_defaults") or {})}
-        return flags_key(self.candidate_flags(params)) == flags_key(resolved)
+        served = probe.get("served_defaults") or {}
+        resolved = {**self.baseline_flags, **served}
+        # what the candidate leaves to vLLM, vLLM resolves as it did for the baseline (the same GPU and model)
+        return flags_key({**served, **self.candidate_flags(params)}) == flags_key(resolved)
 
     def may_share_schedule(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         """Could two configurations run one schedule: scheduling knobs apart the same flags, and the same
