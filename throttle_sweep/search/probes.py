@@ -40,7 +40,7 @@ class Probes:
         return [BoundarySearch.over(self.knob, self.view.distributions[self.knob], others,
                                     max_preemptions=self.view.settings.max_preemptions,
                                     parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
-                                    direction=leader.direction)
+                                    direction=leader.direction, noisy=leader.noisy)
                 for others in self.settings[1:]]
 
     def next(self, slot: int) -> Comparison | None:
