@@ -77,13 +77,15 @@ class Boundary:
     expected: str | None = None  # 'up' | 'down': the direction another setting's boundary showed, for when the
                                  # probes alone cannot tell (all alike, as a search started near it may find)
     expect_noise: bool = False  # another setting's repeats disagreed: replicate the clean side from the start
+    proven: bool = False  # the engine's KV capacity holds every value's batch at full length: clean, unprobed
 
     def dirty(self, i: int) -> bool:
-        return any(c is None or c > self.max_preemptions for c in self.counts[i])
+        return any(c is None or c > self.max_preemptions for c in self.counts.get(i, ()))
 
     @property
     def probed(self) -> list[int]:
-        return sorted(self.counts)
+        """Probed indices (a range proven clean by its KV capacity stands for its top value, unprobed)."""
+        return sorted(self.counts) or ([len(self.values) - 1] if self.proven else [])
 
     @property
     def consistent(self) -> bool:
@@ -162,7 +164,8 @@ class Boundary:
                 "last_clean": self.values[clean] if clean is not None else None,
                 "first_preempting": self.values[dirty] if dirty is not None else None,
                 "exact": self.exact(), "settled": self.settled, "monotone": self.monotone,
-                "consistent": self.consistent, "noisy": self.noisy, "low": self.values[0], "high": self.values[-1],
+                "consistent": self.consistent, "noisy": self.noisy, "proven": self.proven,
+                "low": self.values[0], "high": self.values[-1],
                 "probes": {str(self.values[i]): c for i, c in sorted(self.counts.items())}}
 
 
@@ -211,6 +214,8 @@ class BoundarySearch:
         split of the interval between the last clean and the first preempting value, then the recheck of the
         two deciding values."""
         b, n = self.boundary, len(self.boundary.values)
+        if b.proven:
+            return []
         first = [i for i in dict.fromkeys(self.start or (0, n - 1)) if i not in b.counts]
         if first:
             return [(i, 1) for i in first]
@@ -263,6 +268,9 @@ def describe(summary: Mapping[str, Any], predicted: int | None = None) -> str:
     elif summary["last_clean"] is None:
         text = (f"every {knob}{given} preempts ({summary['low']} to {summary['high']}): the boundary lies outside "
                 "the range")
+    elif summary.get("proven"):
+        text = (f"no preemption at any {knob}{given} ({summary['low']} to {summary['high']}): the KV capacity the "
+                "engine reported holds the most this work keeps in flight at full length, so no probe was run")
     elif summary["first_preempting"] is None:
         text = (f"no preemption at any {knob}{given} ({summary['low']} to {summary['high']}): the boundary lies "
                 "outside the range")

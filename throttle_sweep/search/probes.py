@@ -1,8 +1,16 @@
-"""The probe stage: the baseline once (it must work before anything else is spent), then single runs along
-the boundary knob for each setting of the other knobs, to find where preemption starts (with closed-loop
-fixed work a configuration's preemption count is deterministic, so one run per point tells). What it finds
-(`Findings`) steers the rest: preempting points are told to the study as infeasible trials, the boundary's
-last clean point may become the search's yardstick, and proposals beyond the boundary are closed unrun."""
+"""The probe stage: the baseline once (it must work before anything else is spent; the plan is said after
+it), then single runs along the boundary knob for each setting of the other knobs, to find where preemption
+starts (with closed-loop fixed work a configuration's preemption count is deterministic, so one run per point
+tells). What it finds (`Findings`) steers the rest: preempting points are told to the study as infeasible
+trials, the boundary's last clean point may become the search's yardstick, and proposals beyond the boundary
+are closed unrun.
+
+The first engine-minutes go to what decides the plan. Along max_num_seqs the KV capacity the baseline's
+engine reported predicts the boundary (how many requests of the work fit at full length): the search starts
+at the two values either side of it, never at the slow low end, and a range whose every value fits is not
+probed at all. A probe runs PROBE_WAVES waves of its own batch, not the whole work: preemption is a property
+of the batch reached at full length, which the first waves already reach (a run of max_num_seqs=1 through
+the whole work would take as long as max_num_seqs replicates). The budgets bind the probes too."""
 
 from __future__ import annotations
 
@@ -15,24 +23,68 @@ import optuna
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
-from throttle_sweep.search.runner import BaselineFails, Comparison, Runner
+from throttle_sweep.search.budget import say_plan, spent
+from throttle_sweep.search.runner import BaselineFails, Comparison, Runner, SweepStopped
+from throttle_sweep.search.schedules import SCHEDULING_KNOBS
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import probed_attrs, told_reference, where
 
 # a pending probe: (the search it serves, or None for the baseline; the value's index; which repeat)
 Pending = tuple[BoundarySearch | None, int, int]
+PROBE_WAVES = 2  # a probe's work: the first batch from an empty engine, and the batch that refills it
+# flags that leave the KV capacity as it is: the baseline's reported capacity predicts for settings of these
+KV_NEUTRAL = SCHEDULING_KNOBS - {"kv_cache_memory_bytes", "gpu_memory_utilization", "num_gpu_blocks_override"}
 
 
 class Probes:
     """The probe stage's comparisons (runner.Stage): every search one round at a time, one probe per slot.
-    The first setting of the other knobs is searched in full; the others start where its boundary lies."""
+    The first setting of the other knobs is searched once the baseline's run is in (from its predicted
+    boundary, or the ends); the others start where its boundary lies."""
 
     def __init__(self, runner: Runner, view: StudyView, knob: str, settings: list[dict[str, Any]]) -> None:
         self.runner, self.view, self.knob, self.settings = runner, view, knob, settings
         self.slots = len(runner.pool.slots)
-        self.searches = [BoundarySearch.over(knob, view.distributions[knob], settings[0],
-                                             max_preemptions=view.settings.max_preemptions, parallel=self.slots)]
+        self.work: dict[str, Any] = dict(runner.workload_key.get("workload") or {})
+        self.searches: list[BoundarySearch] = []  # the first once the baseline's run is in
         self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
+        self.capacity: int | None = None  # the most full-length requests the baseline's KV cache holds
+
+    def first(self) -> BoundarySearch:
+        """The first setting's search: from the values either side of the boundary the baseline's KV capacity
+        predicts (none to probe where every value fits), else from both ends."""
+        dist, others = self.view.distributions[self.knob], self.settings[0]
+        search = BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
+                                     parallel=self.slots)
+        flags = self.view.candidate_flags(others)
+        keys = (set(flags) | set(self.view.baseline_flags)) - KV_NEUTRAL
+        if self.knob != "max_num_seqs" or self.capacity is None \
+                or any(flags.get(k) != self.view.baseline_flags.get(k) for k in keys):
+            return search
+        values = search.boundary.values
+        holds = (f"probes: the KV cache the baseline's engine reported holds {self.capacity} requests of this "
+                 f"work at full length")
+        if self.capacity >= min(values[-1], in_flight(self.work)):
+            search.boundary.proven, search.boundary.expected = True, "up"
+            self.runner.say(f"{holds}, at least as many as any {self.knob} in the range runs at once: none can "
+                            "preempt, and none is probed")
+            return search
+        near = tuple(v for v in (max((v for v in values if v <= self.capacity), default=None),
+                                 min((v for v in values if v > self.capacity), default=None)) if v is not None)
+        self.runner.say(f"{holds}: the boundary is probed from {self.knob}=" + " and ".join(map(str, near))
+                        + (f", each probe {PROBE_WAVES} waves of its own batch" if self.probe_work(near[-1]) else ""))
+        return BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
+                                   parallel=self.slots, near=near, direction="up", recheck=True)
+
+    def probe_work(self, value: Any) -> dict[str, Any] | None:
+        """What a probe at this max_num_seqs changes in the work: PROBE_WAVES waves of its batch, where the
+        work is closed-loop and of one length (so that every wave reaches full length together), and where
+        any preemption is infeasible (a count allowed beyond 0 is a count of the whole work). None: the work."""
+        w = self.work
+        if self.knob != "max_num_seqs" or self.view.settings.max_preemptions or w.get("loop") != "closed" \
+                or w.get("length_dist") != "fixed" or w.get("jsonl") or w.get("sharegpt"):
+            return None
+        requests = PROBE_WAVES * min(int(value), in_flight(w))
+        return {"num_requests": requests} if requests < w["num_requests"] else None
 
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
@@ -44,6 +96,10 @@ class Probes:
                 for others in self.settings[1:]]
 
     def next(self, slot: int) -> Comparison | None:
+        if (gone := spent(self.runner)) is not None:
+            key, value, why = gone
+            raise SweepStopped(f"{key}={value:g} was spent during the probes ({why}); every record is kept: raise "
+                               f"{key} and run the same command again to go on")
         if not self.pending:  # the next round of every search that can go on: one probe per slot
             if len(self.searches) == 1 < len(self.settings) and self.searches[0].done():
                 self.searches.extend(self.follow(self.searches[0].boundary))
@@ -53,13 +109,15 @@ class Probes:
             return None
         item = self.pending.pop(0)
         search, index, repeat = item
+        work = None
         if search is None:
             arms, order, key = {BASELINE: dict(self.view.baseline_flags)}, [BASELINE], "probe baseline"
         else:
             params = {**search.boundary.others, self.knob: search.boundary.values[index]}
             arms, order = {CANDIDATE: self.view.candidate_flags(params)}, [CANDIDATE]
             key = f"probe {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} #{repeat}"
-        comp = self.runner.comparison(key, "probe", {}, 1, slot, arms=arms, order=order)
+            work = self.probe_work(params[self.knob])
+        comp = self.runner.comparison(key, "probe", {}, 1, slot, arms=arms, order=order, workload=work)
         comp.probe = item
         return comp
 
@@ -77,6 +135,10 @@ class Probes:
                 raise BaselineFails(f"the baseline {self.view.baseline_flags} failed ({record.get('reason')}); a "
                                     "comparison against it cannot mean anything: fix what makes it fail and run again")
             found.baseline_probe = record
+            self.capacity = capacity(record, self.work)
+            self.searches.append(self.first())
+            say_plan(self.runner, basis="the baseline's run time (every run taken to be as long; again after the "
+                     "probes)")
             return
         count = record.get("preemptions") if ok else None
         search.add(index, repeat, count)
@@ -103,15 +165,15 @@ def find_boundaries(runner: Runner, view: StudyView) -> None:
         return
     stage = Probes(runner, view, knob, settings)
     runner.say(f"probes: one run per point to find where preemption starts along {knob} "
-               f"({len(stage.searches[0].boundary.values)} values"
+               f"({len(knob_values(view.distributions[knob]))} values"
                + (f", for each of {len(settings)} settings of the other knobs; the others start from the "
                   "first one's boundary where it is exact" if len(settings) > 1 else "") + ")")
     runner.run(stage)
     summaries = []
-    for search in stage.searches:
+    for i, search in enumerate(stage.searches):
         view.findings.boundaries[flags_key(search.boundary.others)] = search.boundary
-        summaries.append({**search.boundary.summary(), "predicted_last_clean": predicted(view, search.boundary,
-                                                                                          runner.workload_key)})
+        summaries.append({**search.boundary.summary(), "predicted_last_clean": predicted(
+            view, search.boundary, stage.work, stage.capacity if i == 0 else None)})
     view.study.set_user_attr("boundaries", summaries)
     choose_reference(runner, view)
     tell_probes(view)
@@ -134,16 +196,28 @@ def other_settings(view: StudyView) -> list[dict[str, Any]] | None:
     return [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
 
 
-def predicted(view: StudyView, boundary: Boundary, workload_key: dict[str, Any]) -> int | None:
-    """The last clean max_num_seqs the engine's reported KV capacity predicts for this fixed work."""
-    if boundary.knob != "max_num_seqs" or not boundary.probed:
+def predicted(view: StudyView, boundary: Boundary, work: dict[str, Any], baseline: int | None) -> int | None:
+    """The last clean max_num_seqs the engine's reported KV capacity predicts for this fixed work: from the
+    setting's own first probe, else what the baseline's predicted (`baseline`)."""
+    if boundary.knob != "max_num_seqs":
         return None
-    record = view.findings.probe_records.get((flags_key(boundary.others), boundary.probed[0])) or {}
+    first = sorted(boundary.counts)[:1]
+    record = view.findings.probe_records.get((flags_key(boundary.others), first[0])) if first else None
+    return capacity(record, work) if record is not None else baseline
+
+
+def capacity(record: dict[str, Any], work: dict[str, Any]) -> int | None:
+    """How many requests of this fixed work the KV cache a run reported holds at full length (None: the run
+    did not say, or the requests differ in length)."""
     kv = record.get("kv_cache") or {}
-    work = workload_key.get("workload") or {}
-    if work.get("length_dist") != "fixed" or work.get("jsonl") or not kv.get("blocks"):
+    if work.get("length_dist") != "fixed" or work.get("jsonl") or work.get("sharegpt") or not kv.get("blocks"):
         return None
     return predicted_last_clean(kv["blocks"], kv["block_size"], [work["prompt_len"] + work["output_len"]])
+
+
+def in_flight(work: dict[str, Any]) -> int:
+    """The most a closed loop of this work keeps in flight (no limit known: a very large number)."""
+    return min(work.get("concurrency") or 1 << 30, work.get("num_requests") or 1 << 30)
 
 
 def choose_reference(runner: Runner, view: StudyView) -> None:
@@ -193,7 +267,7 @@ def tell_probes(view: StudyView) -> None:
     for others, boundary in view.findings.boundaries.items():
         if not boundary.settled:
             continue
-        for index in boundary.probed:
+        for index in sorted(boundary.counts):
             record = view.findings.probe_records[(others, index)]
             count = boundary.counts[index][0]
             cost = view.probe_cost(record)

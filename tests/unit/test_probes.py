@@ -1,0 +1,100 @@
+"""The probe stage on a GPU-sized range (max_num_seqs 1..2048): the first engine-minutes go to what decides the
+plan. The boundary is predicted from the KV capacity the engine reports, probed only near the prediction with
+work of a few waves, never at the slow low end, and not at all where no value in the range can preempt; the plan
+is printed after the baseline's run; the budgets stop the probes with every record kept."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+
+from tests.helpers import FakeOneSlot
+from throttle_sweep.search.boundary import describe
+from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.events import Unseen
+from throttle_sweep.search.options import SweepSettings
+from throttle_sweep.search.probes import PROBE_WAVES
+from throttle_sweep.search.runner import SweepStopped
+from throttle_sweep.search.trials import engine_seconds
+from throttle_sweep.workload import WorkloadSpec
+
+SPEC = WorkloadSpec(num_requests=2048, prompt_len=16, output_len=48, concurrency=2048, warmup_requests=0)
+PER_REQUEST = 4  # blocks of 16 tokens that one request holds at its full length (16 + 48 tokens)
+
+
+class Notes(Unseen):
+    """What the sweep says, each line with how many records were written before it."""
+
+    def __init__(self, records):
+        self.records, self.lines = records, []
+
+    def note(self, message):
+        self.lines.append((len(self.records), message))
+
+
+def gpu_range_sweep(blocks, *, tweak=None, **settings):
+    flags = {"num_gpu_blocks_override": blocks, "block_size": 16, "max_model_len": 1024}
+    records = []
+    notes = Notes(records)
+    sweep = Sweep(study=optuna.create_study(), distributions={"max_num_seqs": IntDistribution(1, 2048, log=True)},
+                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 256},
+                  workload_key={"workload": asdict(SPEC), "backend": "fake"}, pool=FakeOneSlot(SPEC, tweak=tweak),
+                  write=records.append, existing=[], progress=notes,
+                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=0, confirm_top=0, **settings))
+    return sweep, records, notes
+
+
+def probes_of(records):
+    return [r for r in records if r["stage"] == "probe" and r["arm"] == "candidate"]
+
+
+def test_a_large_range_is_probed_near_the_kv_prediction_with_short_work_and_never_at_the_slow_low_end():
+    """Before: both ends first, max_num_seqs=1 running all 2048 requests one at a time (the GPU review's hour-long
+    probe); the plan only after every probe. Now: the two values either side of the predicted boundary, each
+    run twice (the determinism check), with PROBE_WAVES waves of its own batch; the plan after the baseline."""
+    sweep, records, notes = gpu_range_sweep(2400)
+    sweep.run()
+    (found,) = sweep.view.study.user_attrs["boundaries"]
+    capacity = 2400 // PER_REQUEST
+    assert (found["last_clean"], found["first_preempting"], found["exact"], found["settled"]) == \
+        (capacity, capacity + 1, True, True)
+    assert found["predicted_last_clean"] == capacity
+    probes = probes_of(records)
+    assert sorted(r["flags"]["max_num_seqs"] for r in probes) == [capacity, capacity, capacity + 1, capacity + 1]
+    assert all(r["requests_completed"] == PROBE_WAVES * r["flags"]["max_num_seqs"] for r in probes)
+    first_plan = next(n for n, line in notes.lines if line.startswith("plan: "))
+    assert first_plan == 1  # the baseline's run alone: the plan comes before any probe
+    baseline = [r for r in records if r["stage"] == "probe" and r["arm"] == "baseline"]
+    # every probe together costs about what the baseline's one run does (before: the max_num_seqs=1 probe
+    # alone cost ten times it)
+    assert engine_seconds(probes) < 3 * engine_seconds(baseline), (engine_seconds(probes), engine_seconds(baseline))
+
+
+def test_a_range_whose_every_value_fits_the_kv_cache_is_not_probed():
+    sweep, records, notes = gpu_range_sweep(2048 * PER_REQUEST)
+    sweep.run()
+    (found,) = sweep.view.study.user_attrs["boundaries"]
+    assert not probes_of(records) and len(records) == 1  # the baseline's run only
+    assert (found["last_clean"], found["first_preempting"], found["settled"]) == (2048, None, True)
+    assert sweep.view.known_feasible({"max_num_seqs": 1}) and sweep.view.known_feasible({"max_num_seqs": 2048})
+    assert "no probe" in describe(found, found["predicted_last_clean"])
+
+
+def test_the_dollar_budget_stops_the_probes_with_every_record_kept():
+    sweep, records, notes = gpu_range_sweep(2400, budget_usd=1e-6)
+    with pytest.raises(SweepStopped, match=r"study.budget_usd=1e-06 .* spent during the probes"):
+        sweep.run()
+    assert len(records) == len(sweep.runner.pool.jobs) == 1  # the baseline's run, kept; no probe started after
+
+
+def test_the_wall_time_budget_stops_the_probes_with_every_record_kept():
+    def late(job, record):  # the baseline's run ends past study.timeout_s
+        sweep.runner.began -= 3600
+
+    sweep, records, notes = gpu_range_sweep(2400, tweak=late, timeout_s=600)
+    with pytest.raises(SweepStopped, match=r"study.timeout_s=600 .* during the probes"):
+        sweep.run()
+    assert len(records) == len(sweep.runner.pool.jobs) == 1
