@@ -129,6 +129,34 @@ def test_a_search_started_near_a_known_boundary_finds_the_exact_boundary_and_con
     assert probes <= 2 + 1 + (high - 1).bit_length()  # the two, one end, bisection of what is left; no recheck
 
 
+def test_a_search_from_a_predicted_boundary_that_lies_a_little_higher_gallops_up_to_it():
+    """The KV capacity's prediction is a floor (staggered admission can keep one more batch clean): where both
+    values either side of it run clean, the search steps up by doubling distances, not to the top of the range
+    (max_num_seqs=2048 is the longest probe there is)."""
+    probed = []
+
+    def count(v, _):
+        probed.append(v)
+        return max(0, v - 130)
+
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, 2048), {}, near=(126, 127), direction="up",
+                                 recheck=True, gallop=True)
+    run(search, count)
+    b = search.boundary.summary()
+    assert (b["last_clean"], b["first_preempting"], b["exact"], b["settled"]) == (130, 131, True, True)
+    assert 2048 not in probed and len(probed) <= 9, probed
+
+
+@settings(max_examples=60, deadline=None)
+@given(high=st.integers(2, 300), edge=st.integers(0, 300), near=st.integers(1, 299))
+def test_a_galloping_search_finds_the_exact_boundary_wherever_it_lies(high, edge, near):
+    near = min(near, high - 1)
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, high, log=True), {}, near=(near, near + 1),
+                                 direction="up", recheck=True, gallop=True)
+    run(search, lambda v, _: max(0, v - edge))
+    assert_found(search, edge, high)
+
+
 def test_a_search_started_near_a_boundary_on_a_decreasing_knob_probes_only_the_end_it_needs():
     sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20]
     probed = []

@@ -177,19 +177,22 @@ class BoundarySearch:
     recheck: bool = True  # probe the two values either side of the boundary once more
     parallel: int = 1  # probes per bisection round: the slots that can run them at once
     start: tuple[int, ...] = ()  # the indices probed first; () = both ends
+    gallop: bool = False  # all clean from a start below the boundary: step up by doubling distances, not to the end
     _asked: set[tuple[int, int]] = field(default_factory=set)  # (index, repeat) handed out, not yet answered
 
     @classmethod
     def over(cls, knob: str, dist: od.BaseDistribution, others: Mapping[str, Any], *, max_preemptions: int = 0,
              recheck: bool | None = None, parallel: int = 1, near: tuple[Any, ...] | None = None,
-             direction: str | None = None, noisy: bool = False) -> BoundarySearch:
+             direction: str | None = None, noisy: bool = False, gallop: bool = False) -> BoundarySearch:
         """`near`: (last clean, first preempting) of another setting's boundary (or a prediction), with its
         `direction`: start there, and skip the recheck unless asked (None: recheck only a search that starts at
-        the ends). `noisy`: replicate the clean side from the start (another setting's repeats disagreed)."""
+        the ends). `noisy`: replicate the clean side from the start (another setting's repeats disagreed).
+        `gallop`: the start is a floor of the boundary (a prediction), so where it runs clean the boundary is
+        most likely near above it."""
         values = knob_values(dist)
         start = tuple(values.index(v) for v in near if v in values) if near else ()
         return cls(Boundary(knob, dict(others), values, {}, max_preemptions, direction if start else None,
-                            noisy), (not start) if recheck is None else recheck, parallel, start)
+                            noisy), (not start) if recheck is None else recheck, parallel, start, gallop=gallop)
 
     def add(self, index: int, repeat: int, preemptions: int | None) -> None:
         self._asked.discard((index, repeat))
@@ -227,6 +230,8 @@ class BoundarySearch:
         if b.expected is not None and b.direction != b.expected and ends:
             return [(i, 1) for i in ends]  # the start values point the other way: the ends tell what is true
         clean, dirty = b.edge()
+        if self.gallop and dirty is None and clean is not None and b.direction == "up" and clean < n - 1:
+            return [(min(n - 1, clean + max(1, clean - min(self.start or (0,)))), 1)]  # doubling distances
         if clean is None or dirty is None:  # all probed alike (a search that started near a boundary)
             if b.expected is not None:  # the end the boundary moved towards: worse if clean, better if not
                 worse = n - 1 if b.expected == "up" else 0

@@ -73,7 +73,7 @@ class Probes:
         self.runner.say(f"{holds}: the boundary is probed from {self.knob}=" + " and ".join(map(str, near))
                         + (f", each probe {PROBE_WAVES} waves of its own batch" if self.probe_work(near[-1]) else ""))
         return BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
-                                   parallel=self.slots, near=near, direction="up", recheck=True)
+                                   parallel=self.slots, near=near, direction="up", recheck=True, gallop=True)
 
     def probe_work(self, value: Any) -> dict[str, Any] | None:
         """What a probe at this max_num_seqs changes in the work: PROBE_WAVES waves of its batch, where the
