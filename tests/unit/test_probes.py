@@ -121,3 +121,24 @@ def test_preemption_counts_that_vary_by_run_make_feasibility_noisy_and_the_repor
     clean = found["probes"][str(found["last_clean"])]
     assert clean == [0] * NOISY_REPEATS
     assert "feasibility was noisy" in describe(found), found
+
+
+def test_where_every_value_fits_but_another_knob_may_move_the_kv_capacity_one_probe_a_setting_confirms_it():
+    """A token budget other than the baseline's may change what vLLM's memory profile leaves for the KV cache:
+    the prediction is not taken on trust there, but confirmed with one probe at the top of the range for each
+    setting (never a search of the whole range)."""
+    flags = {"num_gpu_blocks_override": 2048 * PER_REQUEST, "block_size": 16, "max_model_len": 1024}
+    records = []
+    sweep = Sweep(study=optuna.create_study(),
+                  distributions={"max_num_seqs": IntDistribution(1, 2048, log=True),
+                                 "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([2048, 8192])},
+                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 256},
+                  workload_key={"workload": asdict(SPEC), "backend": "fake"}, pool=FakeOneSlot(SPEC),
+                  write=records.append, existing=[],
+                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=0, confirm_top=0))
+    sweep.find_boundaries()
+    found = sweep.view.study.user_attrs["boundaries"]
+    assert len(found) == 2 and all((b["last_clean"], b["first_preempting"], b["settled"]) == (2048, None, True)
+                                   for b in found)
+    assert sorted((r["flags"]["max_num_batched_tokens"], r["flags"]["max_num_seqs"]) for r in probes_of(records)) \
+        == [(2048, 2048), (8192, 2048)]

@@ -22,18 +22,15 @@ import optuna
 
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values
 from throttle_sweep.search.budget import say_plan, spent
+from throttle_sweep.search.capacity import KV_NEUTRAL, PROBE_WAVES, capacity, in_flight, probe_work
 from throttle_sweep.search.runner import BaselineFails, Comparison, Runner, SweepStopped
-from throttle_sweep.search.schedules import SCHEDULING_KNOBS
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import probed_attrs, told_reference, where
 
 # a pending probe: (the search it serves, or None for the baseline; the value's index; which repeat)
 Pending = tuple[BoundarySearch | None, int, int]
-PROBE_WAVES = 2  # a probe's work: the first batch from an empty engine, and the batch that refills it
-# flags that leave the KV capacity as it is: the baseline's reported capacity predicts for settings of these
-KV_NEUTRAL = SCHEDULING_KNOBS - {"kv_cache_memory_bytes", "gpu_memory_utilization", "num_gpu_blocks_override"}
 
 
 class Probes:
@@ -55,40 +52,40 @@ class Probes:
         dist, others = self.view.distributions[self.knob], self.settings[0]
         search = BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
                                      parallel=self.slots)
-        flags = self.view.candidate_flags(others)
-        keys = (set(flags) | set(self.view.baseline_flags)) - KV_NEUTRAL
-        if self.knob != "max_num_seqs" or self.capacity is None \
-                or any(flags.get(k) != self.view.baseline_flags.get(k) for k in keys):
+        flags, baseline = self.view.candidate_flags(others), self.view.baseline_flags
+
+        def differ(keys: set[str]) -> bool:
+            return any(flags.get(k) != baseline.get(k) for k in keys)
+
+        keys = (set(flags) | set(baseline)) - {self.knob}
+        if self.knob != "max_num_seqs" or self.capacity is None or differ(keys - KV_NEUTRAL):
             return search
         values = search.boundary.values
         holds = (f"probes: the KV cache the baseline's engine reported holds {self.capacity} requests of this "
                  f"work at full length")
         if self.capacity >= min(values[-1], in_flight(self.work)):
+            fits = f"{holds}, at least as many as any {self.knob} in the range runs at once"
+            if differ(keys):  # another token budget may move the memory profile: one probe at the top confirms
+                self.runner.say(f"{fits}: one probe at {self.knob}={values[-1]} confirms it")
+                return BoundarySearch.over(self.knob, dist, others, parallel=self.slots, near=(values[-1],),
+                                           max_preemptions=self.view.settings.max_preemptions, direction="up",
+                                           recheck=False)
             search.boundary.proven, search.boundary.expected = True, "up"
-            self.runner.say(f"{holds}, at least as many as any {self.knob} in the range runs at once: none can "
-                            "preempt, and none is probed")
+            self.runner.say(f"{fits}: none can preempt, and none is probed")
             return search
         near = tuple(v for v in (max((v for v in values if v <= self.capacity), default=None),
                                  min((v for v in values if v > self.capacity), default=None)) if v is not None)
+        short = probe_work(self.knob, near[-1], self.work, self.view.settings.max_preemptions)
         self.runner.say(f"{holds}: the boundary is probed from {self.knob}=" + " and ".join(map(str, near))
-                        + (f", each probe {PROBE_WAVES} waves of its own batch" if self.probe_work(near[-1]) else ""))
+                        + (f", each probe {PROBE_WAVES} waves of its own batch" if short else ""))
         return BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
                                    parallel=self.slots, near=near, direction="up", recheck=True, gallop=True)
-
-    def probe_work(self, value: Any) -> dict[str, Any] | None:
-        """What a probe at this max_num_seqs changes in the work: PROBE_WAVES waves of its batch, where the
-        work is closed-loop and of one length (so that every wave reaches full length together), and where
-        any preemption is infeasible (a count allowed beyond 0 is a count of the whole work). None: the work."""
-        w = self.work
-        if self.knob != "max_num_seqs" or self.view.settings.max_preemptions or w.get("loop") != "closed" \
-                or w.get("length_dist") != "fixed" or w.get("jsonl") or w.get("sharegpt"):
-            return None
-        requests = PROBE_WAVES * min(int(value), in_flight(w))
-        return {"num_requests": requests} if requests < w["num_requests"] else None
 
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
         near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
+        if leader.settled and dirty is None and leader.direction == "up":
+            near = (leader.values[-1],)  # clean throughout: the top of the range, once, confirms it
         return [BoundarySearch.over(self.knob, self.view.distributions[self.knob], others,
                                     max_preemptions=self.view.settings.max_preemptions,
                                     parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
@@ -116,7 +113,7 @@ class Probes:
             params = {**search.boundary.others, self.knob: search.boundary.values[index]}
             arms, order = {CANDIDATE: self.view.candidate_flags(params)}, [CANDIDATE]
             key = f"probe {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} #{repeat}"
-            work = self.probe_work(params[self.knob])
+            work = probe_work(self.knob, params[self.knob], self.work, self.view.settings.max_preemptions)
         comp = self.runner.comparison(key, "probe", {}, 1, slot, arms=arms, order=order, workload=work)
         comp.probe = item
         return comp
@@ -204,20 +201,6 @@ def predicted(view: StudyView, boundary: Boundary, work: dict[str, Any], baselin
     first = sorted(boundary.counts)[:1]
     record = view.findings.probe_records.get((flags_key(boundary.others), first[0])) if first else None
     return capacity(record, work) if record is not None else baseline
-
-
-def capacity(record: dict[str, Any], work: dict[str, Any]) -> int | None:
-    """How many requests of this fixed work the KV cache a run reported holds at full length (None: the run
-    did not say, or the requests differ in length)."""
-    kv = record.get("kv_cache") or {}
-    if work.get("length_dist") != "fixed" or work.get("jsonl") or work.get("sharegpt") or not kv.get("blocks"):
-        return None
-    return predicted_last_clean(kv["blocks"], kv["block_size"], [work["prompt_len"] + work["output_len"]])
-
-
-def in_flight(work: dict[str, Any]) -> int:
-    """The most a closed loop of this work keeps in flight (no limit known: a very large number)."""
-    return min(work.get("concurrency") or 1 << 30, work.get("num_requests") or 1 << 30)
 
 
 def choose_reference(runner: Runner, view: StudyView) -> None:
