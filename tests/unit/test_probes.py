@@ -142,3 +142,20 @@ def test_where_every_value_fits_but_another_knob_may_move_the_kv_capacity_one_pr
                                    for b in found)
     assert sorted((r["flags"]["max_num_batched_tokens"], r["flags"]["max_num_seqs"]) for r in probes_of(records)) \
         == [(2048, 2048), (8192, 2048)]
+
+
+def test_the_plan_after_the_probes_counts_each_run_at_the_whole_works_length():
+    """A probe runs two waves of its batch, not the work a comparison runs: the plan scales each probe's measured
+    time to the whole work, so that the search's runs are not projected as short as the probes."""
+    from throttle_sweep.search.budget import projected
+
+    sweep, records, notes = gpu_range_sweep(2400)
+    sweep.find_boundaries()
+    plan = projected(sweep.runner)
+    probes = probes_of(records)
+    clean = [r for r in probes if r["preemptions"] == 0]
+    short = engine_seconds(clean) / len(clean)
+    # the projected candidate run: its measured part times the requests the whole work has over the probe's
+    scale = SPEC.num_requests / clean[0]["requests_completed"]
+    whole = short + clean[0]["wall_s"] * (scale - 1)
+    assert plan.per_trial_s == pytest.approx(SweepSettings().replicates * 2 * whole, rel=1e-6)
