@@ -23,7 +23,7 @@ MAX_ATTEMPTS = 3  # a comparison stopped this often by faults that are not the c
 class Fault:
     """Why a comparison stopped early, and who is to blame: the candidate's flags, the baseline, or the slot."""
 
-    blame: str  # candidate | baseline | slot
+    blame: str  # candidate | baseline | slot | client
     record: dict[str, Any]
 
     @property
@@ -37,6 +37,8 @@ def fault_of(records: Mapping[int, Mapping[str, Any]]) -> Fault | None:
     for position in sorted(records):
         record = records[position]
         if record.get("status") != "ok":
+            if record.get("void"):  # the client was the bottleneck: no one's flags are to blame
+                return Fault("client", dict(record))
             if record.get("infrastructure"):
                 return Fault("slot", dict(record))
             return Fault("baseline" if record["arm"] == BASELINE else "candidate", dict(record))

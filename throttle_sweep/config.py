@@ -13,6 +13,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from throttle_sweep.engines.fake import FakeKnobs
+from throttle_sweep.engines.twin.engine import TwinConf
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # shipped inside the package: any install works
 
@@ -160,7 +161,7 @@ class CapacityConf:
 @dataclass
 class Config:
     mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity
-    backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | fake
+    backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | twin | fake
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
     input: str | None = None  # analyze: records (.jsonl) or a minimal CSV/JSONL
@@ -176,6 +177,7 @@ class Config:
     capacity: CapacityConf = field(default_factory=CapacityConf)
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
+    twin: TwinConf = field(default_factory=TwinConf)  # the GPU twin's (backend=twin): which GPU it simulates
     slots: int | None = None  # sweeps on this machine: engine slots side by side; null: one per core (CPU build)
     ray: RayConf = field(default_factory=RayConf)
     server: ServerConf = field(default_factory=ServerConf)

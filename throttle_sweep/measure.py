@@ -39,6 +39,26 @@ LATE_NOTE_S = 0.005  # open loop: lateness beyond this (and beyond 10% of the me
 BEHIND_S = 0.010  # open loop: the driver is behind its schedule when requests wait this much beyond a step's end
 
 
+# The client is the bottleneck when its process used nearly all the one core its interpreter lock allows, or its
+# streams' loop woke late: then token arrivals, and in a closed loop the next requests, wait for the client, and
+# configurations look alike. The lag limit is generous, for a machine whose cores the server shares.
+CLIENT_CPU_SHARE = 0.9
+CLIENT_LAG_S = 0.1
+
+
+def client_bound(load: Mapping[str, Any] | None) -> str | None:
+    """Why a run measured its own client rather than the engine (see CLIENT_CPU_SHARE), or None."""
+    if not load:
+        return None
+    lag = (load.get("loop_lag_s") or {}).get("p99") or 0.0
+    if load.get("cpu_share", 0.0) >= CLIENT_CPU_SHARE or lag >= CLIENT_LAG_S:
+        return (f"the client was the bottleneck (its process used {load.get('cpu_share', 0.0):.0%} of a core, "
+                f"limit {CLIENT_CPU_SHARE:.0%}; its loop woke p99 {lag * 1e3:.0f} ms late, limit "
+                f"{CLIENT_LAG_S * 1e3:.0f} ms): the run says nothing of the engine; measure from a faster client "
+                "or with less in flight")
+    return None
+
+
 def behind_schedule(result: DriveResult) -> float:
     """How far the driver fell behind its arrival schedule beyond what waiting for the engine's step explains
     (p99 over requests, seconds): a request due mid-step can only be added once the step ends, as a server
@@ -188,6 +208,22 @@ def measure_replicate(
     return record
 
 
+def judge(record: dict[str, Any], result: DriveResult) -> None:
+    """A measured run's status: 'failed' if it was not the fixed work asked for, 'void' if its client was
+    the bottleneck (client_bound), else 'ok'."""
+    record["status"], record["reason"] = "ok", None
+    if record["requests_failed"]:
+        record.update(status="failed", reason=f"{record['requests_failed']} requests did not finish")
+    elif record["requests_wrong_length"]:
+        wrong = next(t for t in result.timings if t.output_tokens != t.output_len)
+        record.update(status="failed", reason=(
+            f"{record['requests_wrong_length']} requests did not produce exactly their output length (e.g. "
+            f"{wrong.request_id}: {wrong.output_tokens} of {wrong.output_len} tokens; cut short by "
+            "max_model_len?): not the fixed work asked for"))
+    elif why := client_bound(record.get("client")):
+        record.update(status="void", reason=why, void=why)
+
+
 def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price,
                record: dict[str, Any], *, cold: bool = True) -> dict[str, Any]:
     """One replicate on a running engine: warm-up requests (on a `cold` engine, one that has not run this
@@ -217,9 +253,14 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
             record["prefix_cache_reset"] = session.prefix_cache_reset
         before = session.preemptions()
         cache_before = session.prefix_cache() if hasattr(session, "prefix_cache") else None
+        load = getattr(session, "client_load", None)  # an HTTP client's own load (the warm-up's is not this run's)
+        if load is not None:
+            load()
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,
                        batch_limit=getattr(session, "max_num_seqs", None) or flags.get("max_num_seqs"))
         record.update(summarise(result, spec, price))
+        if load is not None:
+            record["client"] = load()
         record["preemptions"] = session.preemptions() - before
         if getattr(session, "engine_steps", False):  # the driver saw the engine's own steps: its schedule
             record["engine_schedule"] = {"fingerprint": result.schedule, "steps": len(result.steps)}
@@ -227,15 +268,7 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
             queries, hits = (after - was for after, was in zip(session.prefix_cache(), cache_before, strict=True))
             record["prefix_cache"] = {"queries": queries, "hits": hits,
                                       "hit_rate": hits / queries if queries else None}
-        record["status"], record["reason"] = "ok", None
-        if record["requests_failed"]:
-            record.update(status="failed", reason=f"{record['requests_failed']} requests did not finish")
-        elif record["requests_wrong_length"]:
-            wrong = next(t for t in result.timings if t.output_tokens != t.output_len)
-            record.update(status="failed", reason=(
-                f"{record['requests_wrong_length']} requests did not produce exactly their output length (e.g. "
-                f"{wrong.request_id}: {wrong.output_tokens} of {wrong.output_len} tokens; cut short by "
-                "max_model_len?): not the fixed work asked for"))
+        judge(record, result)
     except EngineRunError as exc:
         record.update(status="failed", reason=str(exc), failed_at="run")
     except Exception as exc:  # an engine bug must not take the sweep down; keep its trace in the record
@@ -264,6 +297,8 @@ def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
 def one_line(record: Mapping[str, Any], price: Price) -> str:
     """The one-line result users read: throughput, cost, preemptions, tail latency."""
     price = price.charged(record.get("flags") or {})
+    if record.get("void"):
+        return f"VOID: {record['void']}"
     if record["status"] != "ok":
         return f"FAILED ({record.get('failed_at', 'run')}): {record.get('reason')}"
     lat = record["latency_s"]

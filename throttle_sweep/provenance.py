@@ -16,7 +16,7 @@ from throttle_sweep.config import CONF_DIR
 from throttle_sweep.errors import ConfigError
 
 # The sections of a configuration that decide what is measured (the rest says how to run or report it).
-MEASURED = ("backend", "engine", "baseline", "candidate", "workload", "cost", "fake")
+MEASURED = ("backend", "engine", "baseline", "candidate", "workload", "cost", "fake", "twin")
 
 
 def set_on_command_line(overrides: Iterable[str]) -> tuple[set[str], set[str]]:

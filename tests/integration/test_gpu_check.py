@@ -54,7 +54,11 @@ def test_vllm_reads_the_shipped_architecture_as_qwen2_5_0_5b():
     assert (sampling["top_k"], sampling["top_p"], sampling["repetition_penalty"]) == (20, 0.8, 1.1)
 
 
-def test_the_gpu_sweep_runs_against_vllms_defaults_over_a_range_that_holds_them(tmp_path):
+def test_the_gpu_sweep_runs_against_vllms_defaults_over_a_range_that_holds_them(tmp_path, monkeypatch):
+    """Its settings as a GPU machine checks them (here, with no GPU, engine=gpu would stop at once)."""
+    from throttle_sweep.engines import gpu_found
+
+    monkeypatch.setattr(gpu_found, "no_gpu", lambda: None)
     check = gpu_check()
     run = load_sweep(compose_cfg("+space=batching", "study.name=sweep", *check.STEPS["gpu"]["sweep"],
                                  tmp_path=tmp_path))

@@ -105,6 +105,8 @@ def test_a_start_the_multiprocess_core_fails_on_a_gpu_short_of_memory_is_said_to
     monkeypatch.setattr(vllm, "LLM", failed)
     monkeypatch.setattr(inproc, "served_batch_defaults", lambda flags: {})
     monkeypatch.setattr(gpu_memory, "before_start", lambda flags: 0.0)
+    monkeypatch.setattr(gpu_memory, "POLL_S", 0.0)
+    monkeypatch.setattr(gpu_memory, "SETTLE_S", 0.0)
     monkeypatch.setattr(gpu_memory, "device_memory", lambda n: [(10 << 30, 80 << 30)] * n)
     with pytest.raises(EngineStartError) as short:
         inproc.VllmInprocEngine().start({"model": "m"})
@@ -113,3 +115,26 @@ def test_a_start_the_multiprocess_core_fails_on_a_gpu_short_of_memory_is_said_to
     with pytest.raises(EngineStartError) as other:
         inproc.VllmInprocEngine().start({"model": "m"})
     assert not refused_for_memory(str(other.value))
+
+
+def test_a_failed_start_is_judged_on_the_gpus_memory_once_the_dead_core_has_given_it_back(monkeypatch):
+    """Read at once, the memory of a core that died of its own fault is still held, and the failure looked like
+    memory another process holds (retried as the slot's, not the flags')."""
+    import vllm
+
+    import throttle_sweep.engines.gpu_memory as gpu_memory
+    import throttle_sweep.engines.vllm_inproc as inproc
+    from throttle_sweep.errors import EngineStartError, refused_for_memory
+
+    def failed(**kwargs):
+        raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    back = iter([10, 40, 75])  # GiB free of 80: the dead core's memory coming back
+    monkeypatch.setattr(vllm, "LLM", failed)
+    monkeypatch.setattr(inproc, "served_batch_defaults", lambda flags: {})
+    monkeypatch.setattr(gpu_memory, "before_start", lambda flags: 0.0)
+    monkeypatch.setattr(gpu_memory, "POLL_S", 0.0)
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda n: [(next(back, 75) << 30, 80 << 30)] * n)
+    with pytest.raises(EngineStartError) as failure:
+        inproc.VllmInprocEngine().start({"model": "m"})
+    assert not refused_for_memory(str(failure.value)), failure.value
+    assert next(back, None) is None  # read until it was back

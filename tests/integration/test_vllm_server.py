@@ -79,7 +79,7 @@ def test_measure_on_the_server_writes_a_record_and_keeps_the_servers_log(tmp_pat
     (log,) = (tmp_path / "server-logs").iterdir()
     assert "vllm.entrypoints.openai.api_server" in log.read_text().splitlines()[0]
     assert record["server_log"] == str(log)
-    # the flag left to vLLM, as the server itself resolved it (its /server_info), is what the in-process
+    # the flag left to vLLM, as vLLM resolves it for the server, is what the in-process
     # engine resolves for `vllm serve` and measures with: both backends run, record and export the same flags
     from throttle_sweep.engines.vllm_inproc import served_batch_defaults
 

@@ -48,3 +48,38 @@ def test_reports_name_the_baseline_and_say_which_flags_are_vllms_defaults():
                                                        "defaults, as `vllm serve` resolves them)")
     assert baseline_words({"max_num_seqs": 8, "max_num_batched_tokens": 2048}) == (
         "the baseline max_num_seqs=8 max_num_batched_tokens=2048")
+
+
+def test_on_a_gpu_the_context_length_is_the_models_own():
+    """engine=gpu leaves max_model_len to the model (Qwen2.5 serves 32768), so the export does not cap what
+    production accepts; the workload's lengths are still checked against the model's own limit."""
+    from dataclasses import replace
+
+    import pytest
+
+    from throttle_sweep.engines import FakeEngine
+    from throttle_sweep.errors import ConfigError
+    from throttle_sweep.models import QWEN2_5_0_5B
+    from throttle_sweep.settings.sections import preflight
+
+    cfg = compose_cfg("engine=gpu", "backend=fake", f"engine.model={QWEN2_5_0_5B}", "workload.prompt_len=8192")
+    flags = arm_flags(arm_flags(plain(cfg.engine)), plain(cfg.baseline))
+    assert "max_model_len" not in flags
+    spec = workload_from(cfg)
+    preflight(FakeEngine(), flags, spec, source="baseline")  # 8192 + 256 tokens: beyond 4096, within 32768
+    with pytest.raises(ConfigError, match="max_model_len=32768"):
+        preflight(FakeEngine(), flags, replace(spec, prompt_len=32768), source="baseline")
+
+
+def test_a_hub_models_length_limit_is_read_from_the_local_cache(tmp_path, monkeypatch):
+    """A model named by its hub name is checked against its config.json where this machine's Hugging Face
+    cache holds it (nothing is fetched)."""
+    import json
+
+    from throttle_sweep import models
+
+    snapshot = tmp_path / "config.json"
+    snapshot.write_text(json.dumps({"max_position_embeddings": 32768}))
+    monkeypatch.setattr(models, "cached_config", lambda model: str(snapshot) if model == "org/m" else None)
+    assert models.model_config("org/m") == {"max_position_embeddings": 32768}
+    assert models.model_config("org/other") is None

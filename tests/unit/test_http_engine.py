@@ -1,21 +1,26 @@
 """The HTTP session and the server engine's plumbing, against a stub streaming server (no vLLM): token
-counting across multi-token chunks, usage checks, failures that name the request, the server's command line
+counting across multi-token chunks and reads, usage checks, failures that name the request, a run void
+when the client was the bottleneck, the server's command line
 and environment, and a server stopped when it fails after it was healthy."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.stub_openai import Behaviour, StubServer
+from throttle_sweep.compare import fault_of, settle
+from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Request
-from throttle_sweep.engines.openai_http import HttpSession, kv_gap, parse_metrics
+from throttle_sweep.engines.openai_http import HttpSession, StreamFailed, Tally, kv_gap, parse_metrics
 from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
 from throttle_sweep.engines.vllm_server import ServerSession, VllmServerEngine, server_argv
 from throttle_sweep.errors import EngineRunError
-from throttle_sweep.workload import drive
+from throttle_sweep.measure import client_bound, measure_on, one_line
+from throttle_sweep.workload import WorkloadSpec, drive
 
 
 def requests(n: int, output_len: int) -> list[Request]:
@@ -24,8 +29,8 @@ def requests(n: int, output_len: int) -> list[Request]:
 
 def test_tokens_are_counted_not_chunks():
     """Three tokens per chunk: every request still produces exactly its output length, and its token times
-    are the chunks' arrivals, in order."""
-    with StubServer(Behaviour(tokens_per_chunk=3)) as stub:
+    are the chunks' arrivals, in order (chunks apart in time: chunks that come in one read are one arrival)."""
+    with StubServer(Behaviour(tokens_per_chunk=3, chunk_delay_s=0.02)) as stub:
         session = HttpSession(stub.url, "m")
         try:
             result = drive(session, requests(6, 10), loop="closed", concurrency=3)
@@ -43,6 +48,30 @@ def test_tokens_are_counted_not_chunks():
     sent = stub.requests[0]
     assert sent["prompt"] == [1, 2, 3, 4] and sent["max_tokens"] == sent["min_tokens"] == 10 and sent["ignore_eos"]
     assert sent["stream_options"]["continuous_usage_stats"]
+
+
+def sse(*events: str) -> bytes:
+    return b"".join(b"data: " + e.encode() + b"\n\n" for e in events)
+
+
+def test_a_read_of_several_chunks_is_one_arrival_and_a_chunk_split_over_reads_waits_for_its_end():
+    tally = Tally("r0")
+    one = '{"choices": [{"token_ids": [7], "finish_reason": null}], "usage": {"prompt_tokens": 4, "completion_tokens": %d}}'
+    data = sse(one % 1, one % 2, one % 3)
+    assert tally.feed(data[:-30]) and (tally.counted, tally.received) == (2, 2)  # the third is not complete yet
+    assert not tally.feed(b"")
+    assert tally.feed(data[-30:]) and (tally.counted, tally.received, tally.prompt_tokens) == (3, 3, 4)
+    last = '{"choices": [{"token_ids": [7], "finish_reason": "length"}], "usage": {"completion_tokens": 4}}'
+    assert tally.feed(sse(last, '{"choices": [], "usage": {"completion_tokens": 4}}', "[DONE]"))
+    assert tally.finished and tally.done and tally.counted == tally.received == 4
+
+
+@pytest.mark.parametrize(("data", "says"), [(sse('{"a": 1}', "[1, 2"), "not JSON: b'[1, 2'"),
+                                             (sse('{"a": 1}', "[1, 2]"), "not a JSON object: [1, 2]"),
+                                             (sse('{"error": "no"}'), "with an error: no")])
+def test_a_chunk_that_is_not_an_object_or_an_error_fails_its_request(data, says):
+    with pytest.raises(StreamFailed, match=says.replace("[", r"\[")):
+        Tally("r0").feed(data)
 
 
 def test_an_open_loop_sends_a_request_when_it_is_due_not_when_the_next_chunk_comes():
@@ -95,7 +124,7 @@ def test_a_server_that_is_gone_fails_the_run_instead_of_hanging():
     session = HttpSession(stub.url, "m")
     stub.__exit__()
     try:
-        with pytest.raises(EngineRunError, match="ConnectError"):
+        with pytest.raises(EngineRunError, match="request r0: .*Connect"):
             drive(session, requests(1, 4), loop="closed", concurrency=1)
     finally:
         session.close()
@@ -264,3 +293,47 @@ def test_kv_usage_is_read_every_fifth_of_a_second_at_first_then_less_often_as_a_
 
     assert kv_gap(0.0) == kv_gap(0.8) == 0.2 and kv_gap(4.0) == 1.0 and kv_gap(60.0) == 2.0
     assert reads(0.41) == 3 and reads(2.0) <= 10 and reads(20.0) <= 25 and reads(600.0) <= 320
+
+
+def measured(stub_url: str, **spec: int) -> dict:
+    session = HttpSession(stub_url, "m")
+    try:
+        return measure_on(session, {}, WorkloadSpec(prompt_len=4, warmup_requests=0, **spec), Price(),
+                          {"arm": "candidate"})
+    finally:
+        session.close()
+
+
+def test_a_run_whose_client_is_the_bottleneck_is_void_and_says_why(monkeypatch):
+    """A client that spends 5 ms of CPU on every read (a deliberately slowed client): its process is busy and its
+    loop late, so the run measured the client, not the server: void, with the reason, in the record."""
+    feed = Tally.feed
+
+    def slow(self: Tally, data: bytes) -> bool:
+        until = time.thread_time() + 0.005
+        while time.thread_time() < until:
+            pass
+        return feed(self, data)
+
+    with StubServer(Behaviour(chunk_delay_s=0.002)) as stub:
+        fine = measured(stub.url, num_requests=8, output_len=20, concurrency=4)
+        monkeypatch.setattr(Tally, "feed", slow)
+        slowed = measured(stub.url, num_requests=16, output_len=40, concurrency=8)
+    assert fine["status"] == "ok" and not client_bound(fine["client"]) and fine["client"]["loop_lag_s"]["n"] > 0
+    assert slowed["status"] == "void" and slowed["void"] == slowed["reason"] == client_bound(slowed["client"])
+    assert "the client was the bottleneck" in slowed["void"] and one_line(slowed, Price()).startswith("VOID: ")
+
+
+@pytest.mark.parametrize(("load", "void"), [({"cpu_share": 0.5, "loop_lag_s": {"p99": 0.01}}, False),
+                                            ({"cpu_share": 0.95, "loop_lag_s": {"p99": 0.01}}, True),
+                                            ({"cpu_share": 0.3, "loop_lag_s": {"p99": 0.2}}, True),
+                                            ({"cpu_share": 0.3, "loop_lag_s": {"p99": None}}, False), (None, False)])
+def test_a_client_near_a_core_or_with_a_late_loop_is_the_bottleneck(load, void):
+    assert bool(client_bound(load)) is void
+
+
+def test_a_void_replicate_stops_its_comparison_blaming_the_client_and_it_is_measured_again():
+    records = {0: {"arm": "baseline", "status": "ok", "position": 0},
+               1: {"arm": "candidate", "status": "void", "void": "the client was the bottleneck", "position": 1}}
+    fault = fault_of(records)
+    assert fault is not None and fault.blame == "client" and settle(records, 4) == "redo"

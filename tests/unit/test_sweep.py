@@ -138,6 +138,7 @@ WHOLE = 2 + 2  # replicates of one comparison: 2 per arm (each engine warms itse
 
 @pytest.mark.parametrize("overrides", [
     [], ["+space=batching"], ["+space=memory"], ["+space=scheduler"], ["+experiment=demo"], ["engine=gpu"],
+    ["engine=gpu", "+space=gpu_memory"],
     ["workload=open_loop"],
 ])
 def test_every_shipped_config_composes_and_passes_its_checks(overrides):

@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from throttle_sweep import calibration
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.compare import MAX_ATTEMPTS
+from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measure import short_work_note
 from throttle_sweep.pool import Job, LocalPool
@@ -27,6 +28,7 @@ from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE
 from throttle_sweep.search.driver import Sweep
+from throttle_sweep.search.gpu_time import gpu_time
 from throttle_sweep.search.report import baseline_words, lines, write_report
 from throttle_sweep.search.runner import BaselineFails, SweepStopped
 from throttle_sweep.search.trials import resume_key, same_yardstick
@@ -112,6 +114,10 @@ def run_locked(run: SweepRun, console: Console) -> int:
         say(line)
     if (note := short_work_note(log.records)) is not None:
         say(f"[yellow]note:[/] {note}")
+    twins = {(r.get("environment") or {}).get("device_name") for r in log.records
+             if (r.get("environment") or {}).get("device") == "twin"}
+    if twins:
+        say(gpu_time(log.records).text(", ".join(sorted(map(str, twins)))))
     report = write_report(out, result, run.price, settings.max_preemptions, plots=run.plots)
     say(f"report: {report}")
     if result.winner is None:
@@ -225,7 +231,7 @@ def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: An
     sweep = Sweep(study=study, distributions=distributions, base_flags=run.base, baseline_flags=baseline,
                   workload_key={"workload": asdict(run.spec), "backend": run.measurement["backend"]}, pool=pool,
                   write=log.append, existing=log.records, settings=settings, grid=run.grid,
-                  progress=progress)
+                  progress=progress, refusal=partial(engine_refusal, run.engine))
     return sweep, progress
 
 

@@ -69,9 +69,20 @@ class WallClock:
 
 
 class Engine(Protocol):
+    """Optional: `refusal(flags) -> str | None`, what the engine would refuse at start (its own reason, None
+    when it would start), decided before any start and without one; an engine without it is asked nothing
+    (engine_refusal)."""
+
     name: str
 
     def flag_schema(self) -> Mapping[str, Any]: ...
     def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]: ...  # flags as the engine gets them
     def start(self, flags: Mapping[str, Any]) -> EngineSession: ...  # raises EngineStartError
     def environment(self) -> dict[str, Any]: ...
+
+
+def engine_refusal(engine: object, flags: Mapping[str, Any]) -> str | None:
+    """The engine's reason for refusing these flags at start, before any start; None when it would start them
+    or cannot tell beforehand (an engine without a `refusal` method)."""
+    refusal = getattr(engine, "refusal", None)
+    return refusal(flags) if refusal is not None else None

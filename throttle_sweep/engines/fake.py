@@ -173,12 +173,16 @@ class FakeSession:
         if not self.running:
             raise EngineRunError("fake engine cannot schedule: one request needs more KV cache than exists, or its "
                                  "prompt exceeds max_num_batched_tokens with chunked prefill off")
-        elapsed = (self.knobs.step_overhead_s + self.knobs.per_seq_s * len(self.running)
-                   + self.knobs.per_prefill_token_s * prefill_tokens) * self.speed
+        elapsed = self._step_seconds(prefill_tokens) * self.speed
         self.clock += elapsed
         if self.knobs.realtime:
             time.sleep(elapsed)
         return self._emit()
+
+    def _step_seconds(self, prefill_tokens: int) -> float:
+        """The step's time before noise and drift: linear in the batch (the GPU twin puts a roofline here)."""
+        return (self.knobs.step_overhead_s + self.knobs.per_seq_s * len(self.running)
+                + self.knobs.per_prefill_token_s * prefill_tokens)
 
     def _faults(self) -> None:
         """The failure knobs: asleep, a crash after some steps, a process that dies or hangs."""
@@ -195,12 +199,14 @@ class FakeSession:
         """Decoding sequences (prefill complete) grow by one token; the newest is preempted when the cache is
         full. Whether any was preempted in this step."""
         preempted_now, free = False, self._free_blocks()  # kept up to date below: summing each time was slow
+        gone: set[int] = set()  # preempted in this step (a set: a GPU batch holds a thousand sequences)
         for seq in list(self.running):
-            if seq not in self.running or seq["computed"] < self._context(seq):
+            if id(seq) in gone or seq["computed"] < self._context(seq):
                 continue
             need = self._blocks_for(seq["prompt"] + seq["done"] + 1) - seq["blocks"]
             while need > free and self.running:
                 victim = self.running.pop()
+                gone.add(id(victim))
                 free += victim["blocks"]
                 victim["blocks"], victim["computed"] = 0, 0
                 self.waiting.appendleft(victim)
@@ -208,7 +214,7 @@ class FakeSession:
                 preempted_now = True
                 if victim is seq:
                     break
-            if seq in self.running:
+            if id(seq) not in gone:
                 seq["blocks"] += need
                 free -= need
         return preempted_now
@@ -246,16 +252,18 @@ class FakeSession:
 
     def _emit(self) -> list[StepEvent]:
         """A token for every sequence whose prefill is complete; finished ones leave."""
-        events = []
-        for seq in list(self.running):
+        events, staying = [], []
+        for seq in self.running:
             if seq["computed"] < self._context(seq):
+                staying.append(seq)
                 continue  # still prefilling: no token this step
             seq["done"] += 1
             seq["computed"] = self._context(seq)
             finished = seq["done"] >= seq["out"]
             events.append(StepEvent(seq["id"], seq["done"], finished, seq["prompt"]))
-            if finished:
-                self.running.remove(seq)
+            if not finished:
+                staying.append(seq)
+        self.running = staying
         return events
 
     def _context(self, seq: dict) -> int:
@@ -356,12 +364,19 @@ class FakeEngine:
     def engine_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in flags.items() if v is not None}
 
+    def refusal(self, flags: Mapping[str, Any]) -> str | None:
+        """What vLLM's scheduler config refuses too, in its words (the fake's stand-in for vllm_refusal)."""
+        seqs, tokens = flags.get("max_num_seqs"), flags.get("max_num_batched_tokens")
+        if seqs is not None and tokens is not None and tokens < seqs:
+            return (f"SchedulerConfig: max_num_batched_tokens ({tokens}) must be greater than or equal to "
+                    f"max_num_seqs ({seqs}).")
+        return None
+
     def start(self, flags: Mapping[str, Any]) -> FakeSession:
         index = self.starts
         self.starts += 1
-        seqs, tokens = flags.get("max_num_seqs"), flags.get("max_num_batched_tokens")
-        if seqs is not None and tokens is not None and tokens < seqs:  # vLLM refuses this too
-            raise EngineStartError(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs})")
+        if (why := self.refusal(flags)) is not None:
+            raise EngineStartError(why)
         for name, limit in self.knobs.fail_start_when.items():
             if (flags.get(name) or 0) > limit:
                 raise EngineStartError(f"fake engine refuses {name}={flags.get(name)} (> {limit})")

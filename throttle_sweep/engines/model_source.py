@@ -14,12 +14,9 @@ TIMEOUT_S = 5.0
 
 def cached(model: str) -> bool:
     """The model's config.json is in this machine's Hugging Face cache."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return False
-    found = try_to_load_from_cache(model, "config.json")
-    return isinstance(found, str)
+    from throttle_sweep.models import cached_config
+
+    return cached_config(model) is not None
 
 
 def check_model_reachable(model: str, *, source: str) -> None:

@@ -2,10 +2,11 @@
 `/v1/completions`, and vLLM's counters read from its Prometheus `/metrics`.
 
 The workload drivers (workload.py) step a session; here a step waits for the next streamed chunks. The
-requests themselves stream concurrently on an asyncio loop in a background thread (httpx), and every chunk
-is stamped on arrival, so TTFT and inter-token gaps are the client's view, as a production client sees them.
-A chunk can carry several tokens: tokens are counted from the server's running `usage` (vLLM's
-`continuous_usage_stats`), and the total is checked against the token ids received.
+requests themselves stream concurrently on an asyncio loop in a background thread (aiohttp; httpx for the
+control calls), and every read is stamped on arrival, so TTFT and inter-token gaps are the client's view, as a
+production client sees them (chunks that come in one read arrived together: one arrival). A chunk can carry
+several tokens: tokens are counted from the server's running `usage` (vLLM's `continuous_usage_stats`), and
+the total is checked against the token ids received.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
@@ -35,6 +37,7 @@ WAIT_SLICE_S = 0.5  # how often a waiting step checks that the server is still t
 # requests are in flight again.
 KV_SAMPLE_S, KV_SAMPLE_SHARE, KV_SAMPLE_MAX_S = 0.2, 0.25, 2.0
 SETTLE_S = 0.05  # between two reads of a counter that must agree
+LAG_TICK_S = 0.01  # while requests are in flight the loop is asked to wake this often; how late it wakes is its lag
 
 
 def kv_gap(in_flight_s: float) -> float:
@@ -93,6 +96,66 @@ class StreamFailed(Exception):
         super().__init__(f"request {request_id}: {reason}")
 
 
+class Tally:
+    """What one request's stream has said so far, fed the bytes of each read as they come: the server-sent
+    events complete in a read are decoded with one `json.loads` (a read at a high rate carries many), and
+    only what a count needs is looked at. Raises StreamFailed for a chunk that is not a JSON object or that
+    carries an error."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.rest = b""  # an incomplete last line, kept for the next read
+        self.received = 0  # token ids that arrived
+        self.counted = 0  # output tokens: the server's running usage, or the ids where it gives none
+        self.prompt_tokens = 0
+        self.finished = False  # a choice said why it finished
+        self.done = False  # [DONE] arrived
+
+    def feed(self, data: bytes) -> bool:
+        """Take one read's bytes; True if the output token count went up."""
+        lines = (self.rest + data).split(b"\n")
+        self.rest = lines.pop()
+        payloads = []
+        for line in lines:
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                    break
+                payloads.append(payload)
+        if not payloads:
+            return False
+        try:
+            chunks = json.loads(b"[" + b",".join(payloads) + b"]")
+        except ValueError:
+            chunks = [self.decode(p) for p in payloads]  # names the chunk that is not JSON
+        before = self.counted
+        for chunk in chunks:
+            self.take(chunk)
+        return self.counted > before
+
+    def decode(self, payload: bytes) -> Any:
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise StreamFailed(self.request_id, f"a chunk that is not JSON: {payload[:200]!r}") from None
+
+    def take(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            raise StreamFailed(self.request_id, f"a chunk that is not a JSON object: {json.dumps(chunk)[:200]}")
+        if "error" in chunk:
+            raise StreamFailed(self.request_id, f"the server answered with an error: {chunk['error']}")
+        for choice in chunk.get("choices") or ():
+            self.received += len(choice.get("token_ids") or ())
+            self.finished = self.finished or bool(choice.get("finish_reason"))
+        usage = chunk.get("usage") or {}
+        self.prompt_tokens = usage.get("prompt_tokens") or self.prompt_tokens
+        counted = usage.get("completion_tokens")
+        if not isinstance(counted, int):  # no running usage: count the token ids themselves
+            counted = self.received
+        self.counted = max(self.counted, counted)
+
+
 class HttpSession(WallClock):
     """EngineSession over an OpenAI-compatible server at `base_url` serving `model`."""
 
@@ -116,13 +179,23 @@ class HttpSession(WallClock):
         self._thread = threading.Thread(target=self._loop.run_forever, name="throttle-sweep-http", daemon=True)
         self._thread.start()
         self._client: httpx.AsyncClient = self._call(self._new_client())
+        self._streams: aiohttp.ClientSession = self._call(self._new_streams(request_timeout_s))
         self._sampler: Any = None
+        self._watcher: Any = None
+        self._lags: list[float] = []  # how late the loop woke, each LAG_TICK_S (appended there, swapped here)
+        self._load_since = (time.perf_counter(), time.process_time())
 
     # ---- the loop thread ------------------------------------------------------------------------------
     async def _new_client(self) -> httpx.AsyncClient:
         # no connection cap: the closed loop's concurrency is the cap, and a pool limit would hide queueing
         return httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout,
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+    async def _new_streams(self, request_timeout_s: float) -> aiohttp.ClientSession:
+        """The completions' streams: aiohttp, whose C parser reads a stream for less CPU than httpx (see
+        benchmarks/client_ceiling.py); no connection cap either."""
+        return aiohttp.ClientSession(headers=self._headers, connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10.0))
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -134,49 +207,33 @@ class HttpSession(WallClock):
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "prompt": list(request.prompt_token_ids) if request.prompt_token_ids is not None else request.prompt_text,
         }
-        received, counted, prompt_tokens, finished, last = 0, 0, 0, False, time.perf_counter()
+        tally, last = Tally(request.id), time.perf_counter()
         try:
-            async with self._client.stream("POST", "/v1/completions", json=body) as response:
-                if response.status_code != 200:
-                    text = (await response.aread()).decode(errors="replace")
-                    raise StreamFailed(request.id, f"HTTP {response.status_code}: {text[:300]}")
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
+            async with self._streams.post(f"{self.base_url}/v1/completions", json=body) as response:
+                if response.status != 200:
+                    text = (await response.read()).decode(errors="replace")
+                    raise StreamFailed(request.id, f"HTTP {response.status}: {text[:300]}")
+                async for data in response.content.iter_any():
                     now = time.perf_counter()
-                    chunk = json.loads(data)
-                    if not isinstance(chunk, dict):
-                        raise StreamFailed(request.id, f"a chunk that is not a JSON object: {data[:200]}")
-                    if "error" in chunk:
-                        raise StreamFailed(request.id, f"the server answered with an error: {chunk['error']}")
-                    ids = [t for choice in chunk.get("choices") or () for t in (choice.get("token_ids") or ())]
-                    received += len(ids)
-                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
-                    usage = chunk.get("usage") or {}
-                    prompt_tokens = usage.get("prompt_tokens") or prompt_tokens
-                    now_counted = usage.get("completion_tokens")
-                    if not isinstance(now_counted, int):  # no running usage: count the token ids themselves
-                        now_counted = received
-                    if now_counted > counted:
-                        counted, last = now_counted, now
-                        self._events.put(Chunk(request.id, counted, False, prompt_tokens, now))
+                    if tally.feed(data):  # more tokens: one event for all that this read brought
+                        last = now
+                        self._events.put(Chunk(request.id, tally.counted, False, tally.prompt_tokens, now))
+                    if tally.done:
+                        break
         except StreamFailed as exc:
             self._events.put(exc)
             return
         except Exception as exc:  # noqa: BLE001 - whatever broke the stream fails its request, never hangs the run
             self._events.put(StreamFailed(request.id, f"{type(exc).__name__}: {exc}"))
             return
-        if not finished:
+        if not tally.finished:
             self._events.put(StreamFailed(request.id, f"the stream ended before the request finished "
-                                                      f"({counted} of {request.output_len} tokens)"))
-        elif received and received != counted:  # a server that sends token ids must agree with its own usage
-            self._events.put(StreamFailed(request.id, f"the server's usage says {counted} output tokens, but "
-                                                      f"{received} token ids arrived"))
+                                                      f"({tally.counted} of {request.output_len} tokens)"))
+        elif tally.received and tally.received != tally.counted:  # token ids sent must agree with the usage
+            self._events.put(StreamFailed(request.id, f"the server's usage says {tally.counted} output tokens, but "
+                                                      f"{tally.received} token ids arrived"))
         else:
-            self._events.put(Chunk(request.id, counted, True, prompt_tokens, last))
+            self._events.put(Chunk(request.id, tally.counted, True, tally.prompt_tokens, last))
 
     async def _sample_kv(self) -> None:
         began = time.monotonic()
@@ -191,6 +248,24 @@ class HttpSession(WallClock):
                 pass  # a missed sample; a dead server shows in the streams themselves
             await asyncio.sleep(kv_gap(time.monotonic() - began))
 
+    async def _watch_lag(self) -> None:
+        while True:
+            began = time.perf_counter()
+            await asyncio.sleep(LAG_TICK_S)
+            self._lags.append(max(0.0, time.perf_counter() - began - LAG_TICK_S))
+
+    def client_load(self) -> dict[str, Any]:
+        """How loaded this client was since the last call: the CPU share of this process (its threads share
+        one interpreter lock, so 1.0 is the most its Python can use) and the streams' loop lag (p50/p99/max, s,
+        sampled while requests were in flight). A client near either limit measured itself, not the server."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        lags, self._lags = sorted(self._lags), []
+        (was_wall, was_cpu), self._load_since = self._load_since, (wall, cpu)
+        def at(q: float) -> float | None:
+            return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else None
+        return {"cpu_share": (cpu - was_cpu) / (wall - was_wall) if wall > was_wall else 0.0,
+                "loop_lag_s": {"p50": at(0.5), "p99": at(0.99), "max": at(1.0), "n": len(lags)}}
+
     # ---- EngineSession --------------------------------------------------------------------------------
     def begin_replicate(self, index: int) -> None:
         self.reset_prefix_cache()
@@ -199,6 +274,7 @@ class HttpSession(WallClock):
         self._open += 1
         if self._sampler is None:
             self._sampler = asyncio.run_coroutine_threadsafe(self._sample_kv(), self._loop)
+            self._watcher = asyncio.run_coroutine_threadsafe(self._watch_lag(), self._loop)
         asyncio.run_coroutine_threadsafe(self._stream(request), self._loop)
 
     def step(self) -> list[StepEvent]:
@@ -233,7 +309,8 @@ class HttpSession(WallClock):
                                     at_s=item.at_s))
         if not self._open and self._sampler is not None:
             self._sampler.cancel()
-            self._sampler = None
+            self._watcher.cancel()
+            self._sampler = self._watcher = None
         return events
 
     def has_unfinished(self) -> bool:
@@ -320,6 +397,7 @@ class HttpSession(WallClock):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._client.aclose()
+        await self._streams.close()
         await asyncio.get_running_loop().shutdown_asyncgens()  # the streams' line iterators, finalised here
 
     def close(self) -> None:

@@ -18,11 +18,11 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from throttle_sweep.cost import engine_gpus
-from throttle_sweep.engines import gpu_memory
+from throttle_sweep.engines import core_stderr, gpu_memory
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
+from throttle_sweep.engines.core_stderr import CORE_FAILED
 from throttle_sweep.engines.flags import vllm_flag_schema
-from throttle_sweep.errors import EngineRunError, EngineStartError
+from throttle_sweep.errors import EngineRunError, EngineStartError, refused_for_memory
 from throttle_sweep.models import TINY_QWEN2
 
 # vLLM's CPU build only: keep the engine core in this process (fast restarts, one writer, no orphans),
@@ -37,6 +37,7 @@ QUIET_ENV = {  # every build
     "VLLM_LOGGING_LEVEL": "ERROR",  # our results are the output; set VLLM_LOGGING_LEVEL=INFO to see vLLM
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's C++ warnings (a NUMA-binding line per engine start)
 }
+PREFIX_RESET_WAIT_S, PREFIX_RESET_RETRY_S = 1.0, 0.05  # a refused prefix-cache reset is tried again this long
 KV_SAMPLE_S = 0.1  # with a multiprocess engine core, KV usage is read from vLLM's metrics at most this often
 
 
@@ -133,9 +134,15 @@ class VllmSession(WallClock):
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
-        if self.llm.reset_prefix_cache() is False:  # vLLM resets nothing while requests still run
-            raise EngineRunError("vLLM did not reset its prefix cache (requests were still running): the "
-                                 "replicate would start with the last one's prompts cached")
+        """vLLM resets nothing, and answers False, while requests still hold blocks: tried again for up to
+        PREFIX_RESET_WAIT_S, as the HTTP path tries its server (openai_http)."""
+        deadline = time.monotonic() + PREFIX_RESET_WAIT_S
+        while self.llm.reset_prefix_cache() is False:
+            if time.monotonic() > deadline:
+                raise EngineRunError(f"vLLM did not reset its prefix cache within {PREFIX_RESET_WAIT_S:g} s "
+                                     "(requests still held blocks): the replicate would start with the last "
+                                     "one's prompts cached")
+            time.sleep(PREFIX_RESET_RETRY_S)
 
     def params(self, request: Request) -> Any:
         """The request's sampling as vLLM's API server builds it from the same request body (openai_http):
@@ -246,7 +253,23 @@ def collections_deferred() -> Iterator[None]:
 
 
 BATCH_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
-CORE_FAILED = "Engine core initialization failed"  # vLLM's words for a multiprocess core that did not start
+
+
+def start_failure(exc: Exception, flags: Mapping[str, Any], listening: core_stderr.Listener | None) -> str:
+    """Why a start failed. A multiprocess core's failure reaches this process only as "Engine core
+    initialization failed": its own cause is read from what it wrote to stderr, and where that is not vLLM's
+    refusal for memory, the GPUs are read once the dead core's memory is back, to tell whether another process
+    holds what the flags asked."""
+    reason = f"{type(exc).__name__}: {exc}"
+    if CORE_FAILED not in reason:
+        return reason
+    if listening is not None:
+        listening.drain()
+        if said := core_stderr.cause(listening.lines()):
+            reason += f"; the engine core: {said}"
+    if not refused_for_memory(reason) and (short := gpu_memory.after_failure(flags)):
+        reason += f" ({short})"
+    return reason
 
 
 def served_batch_defaults(flags: Mapping[str, Any]) -> dict[str, int]:
@@ -286,6 +309,17 @@ class VllmInprocEngine:
         resolved["disable_log_stats"] = False  # the preemption counter lives in the stats
         return resolved
 
+    def refusal(self, flags: Mapping[str, Any]) -> str | None:
+        """vLLM's reason for refusing these flags at start, from its own config validation (engines/
+        vllm_validation.py); None when it accepts them, or when it cannot be asked before a start (a model
+        named on a hub). The server engine asks the same of its own flags."""
+        from throttle_sweep.engines.vllm_validation import CannotValidate, vllm_refusal
+
+        try:
+            return vllm_refusal(self.engine_flags(flags))
+        except CannotValidate:
+            return None
+
     def start(self, flags: Mapping[str, Any]) -> VllmSession:
         prepare_environment()
         from vllm import LLM
@@ -295,18 +329,14 @@ class VllmInprocEngine:
         # vLLM refuses a start below gpu_memory_utilization x total free on each GPU: the last engine's memory
         # may still be on its way back
         waited = gpu_memory.before_start(resolved)
+        listening = None
         try:
-            served = served_batch_defaults(resolved)
-            llm = LLM(**resolved, **served)
+            with core_stderr.heard() as listening:  # a multiprocess core's traceback goes to the stderr it inherits
+                served = served_batch_defaults(resolved)
+                llm = LLM(**resolved, **served)
         except Exception as exc:
             gc.collect()
-            reason = f"{type(exc).__name__}: {exc}"
-            # the multiprocess core's refusal stays in its own log, and this process hears only that the core
-            # failed: the GPUs, read again, tell whether memory was short
-            if CORE_FAILED in reason and (short := gpu_memory.shortfall_now(
-                    gpu_memory.utilization_of(resolved), lambda: gpu_memory.device_memory(engine_gpus(resolved)))):
-                reason += f" ({short})"
-            raise EngineStartError(reason) from exc
+            raise EngineStartError(start_failure(exc, resolved, listening)) from exc
         session = VllmSession(llm)
         session.served_defaults = served
         session.memory_wait_s = waited

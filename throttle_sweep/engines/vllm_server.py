@@ -26,8 +26,15 @@ from typing import Any
 import httpx
 
 from throttle_sweep.engines import gpu_memory
+from throttle_sweep.engines.core_stderr import cause
 from throttle_sweep.engines.openai_http import HttpSession
-from throttle_sweep.engines.vllm_inproc import BATCH_FLAGS, VllmInprocEngine, cpu_build, server_environment
+from throttle_sweep.engines.vllm_inproc import (
+    VllmInprocEngine,
+    cpu_build,
+    prepare_environment,
+    served_batch_defaults,
+    server_environment,
+)
 from throttle_sweep.errors import EngineRunError, EngineStartError, refused_for_memory
 
 LOG_TAIL_LINES = 12
@@ -92,14 +99,15 @@ def server_argv(flags: Mapping[str, Any], port: int) -> list[str]:
 
 
 def exit_reason(log_path: Path, code: int | None) -> str:
-    """Why a server exited before it was healthy: its log's last lines, and vLLM's refusal to start for memory
-    wherever it stands in the log (the API server's own traceback after it is longer than the tail)."""
+    """Why a server exited before it was healthy: its log's last lines, and the engine core's own cause
+    (vLLM's refusal to start for memory, where it is one) wherever it stands in the log: the API server's own
+    traceback after it is longer than the tail."""
     reason = f"the vLLM server exited (code {code}) before it was healthy"
     with contextlib.suppress(OSError):
-        refusal = [line for line in log_path.read_text(errors="replace").splitlines()
-                   if refused_for_memory(line)]
-        if refusal:
-            reason += f": {refusal[-1].strip()}"
+        lines = log_path.read_text(errors="replace").splitlines()
+        refusal = [line for line in lines if refused_for_memory(line)]
+        if said := (refusal[-1].strip() if refusal else cause(lines)):
+            reason += f": {said}"
     return f"{reason}; server log {log_path}, last lines:\n{log_tail(log_path)}"
 
 
@@ -130,21 +138,6 @@ class ServerSession(HttpSession):
     def kv_pin(self) -> dict[str, int] | None:
         """As the in-process engine's: `--num-gpu-blocks-override` with the block count the server reported."""
         return {"num_gpu_blocks_override": self.kv_blocks + 1} if self.kv_blocks is not None else None
-
-    def read_served_defaults(self, flags: Mapping[str, Any]) -> None:
-        """The batch flags left to vLLM, as this server resolved them (the dev-mode `/server_info`): recorded
-        and exported as the in-process engine's are, so that both backends serve what they measured."""
-        missing = [k for k in BATCH_FLAGS if flags.get(k) is None]
-        if not missing:
-            return
-        try:
-            response = self._control.get("/server_info", params={"config_format": "json"})
-            response.raise_for_status()
-            scheduler = response.json()["vllm_config"]["scheduler_config"]
-            self.served_defaults = {k: int(scheduler[k]) for k in missing}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise EngineStartError(self.explain(f"cannot read the flags the server resolved from /server_info: "
-                                                f"{type(exc).__name__}: {exc}")) from None
 
     def sleep(self) -> None:
         """vLLM sleep mode, level 1, through the dev-mode endpoint (the server was started with
@@ -232,6 +225,10 @@ class VllmServerEngine(VllmInprocEngine):
         resolved = self.engine_flags(flags)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         began = time.perf_counter()
+        # the batch flags left to vLLM, as `vllm serve` resolves them, by vLLM's own code here: the server's
+        # /server_info also collects its environment (CUDA, pip, nvidia-smi), too slow for a start's limit
+        prepare_environment()
+        served = served_batch_defaults(resolved)
         waited = None if cpu_build() else gpu_memory.before_start(resolved)  # as the in-process engine waits
         for attempt in range(PORT_TRIES):
             port = free_port()
@@ -259,11 +256,7 @@ class VllmServerEngine(VllmInprocEngine):
         except BaseException:  # healthy, yet not serving its metrics: no engine to measure on, and none left up
             session.close()
             raise
-        try:
-            session.read_served_defaults(resolved)
-        except BaseException:
-            session.close()
-            raise
+        session.served_defaults = served
         session.start_seconds = time.perf_counter() - began
         session.memory_wait_s = waited
         session.max_num_seqs = resolved.get("max_num_seqs") or session.served_defaults.get("max_num_seqs")

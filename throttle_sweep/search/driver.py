@@ -24,6 +24,7 @@ from throttle_sweep.search.events import SweepProgress
 from throttle_sweep.search.options import SweepSettings
 from throttle_sweep.search.plan import Plan
 from throttle_sweep.search.probes import find_boundaries
+from throttle_sweep.search.refusals import record_refusals
 from throttle_sweep.search.runner import Runner
 from throttle_sweep.search.schedules import ScheduleIndex
 from throttle_sweep.search.screen import Screen
@@ -51,12 +52,13 @@ class Sweep:
                  baseline_flags: Mapping[str, Any], workload_key: Mapping[str, Any], pool: Pool,
                  write: Callable[[dict[str, Any]], None], existing: Sequence[dict[str, Any]],
                  settings: SweepSettings, grid: Sequence[Mapping[str, Any]] | None = None,
-                 progress: SweepProgress | None = None) -> None:
+                 progress: SweepProgress | None = None,
+                 refusal: Callable[[Mapping[str, Any]], str | None] | None = None) -> None:
         records = list(existing)
         # flags -> the engine schedules their runs recorded (left empty, nothing is merged on schedules)
         schedules = ScheduleIndex(records if settings.same_schedule else ())
         self.view = StudyView(study=study, distributions=distributions, settings=settings, base_flags=base_flags,
-                              baseline_flags=baseline_flags, schedules=schedules)
+                              baseline_flags=baseline_flags, schedules=schedules, refusal=refusal)
         self.runner = Runner(pool=pool, view=self.view, workload_key=workload_key, write=write, records=records,
                              progress=progress)
         self.grid = [dict(p) for p in grid] if grid is not None else None  # grid points, in the order to measure
@@ -83,6 +85,7 @@ class Sweep:
 
     def find_boundaries(self) -> None:
         find_boundaries(self.runner, self.view)
+        record_refusals(self.view)
 
     def search(self, plan: Plan | None = None) -> None:
         Screen(self.runner, self.view, self.grid, plan).run()

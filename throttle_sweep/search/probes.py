@@ -25,6 +25,7 @@ from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values
 from throttle_sweep.search.budget import say_plan, spent
 from throttle_sweep.search.capacity import KV_NEUTRAL, PROBE_WAVES, capacity, in_flight, probe_work
+from throttle_sweep.search.refusals import probe_distribution
 from throttle_sweep.search.runner import BaselineFails, Comparison, Runner, SweepStopped
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import probed_attrs, told_reference, where
@@ -49,7 +50,8 @@ class Probes:
     def first(self) -> BoundarySearch:
         """The first setting's search: from the values either side of the boundary the baseline's KV capacity
         predicts (none to probe where every value fits), else from both ends."""
-        dist, others = self.view.distributions[self.knob], self.settings[0]
+        others = self.settings[0]
+        dist = probe_distribution(self.view, self.knob, others)
         search = BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
                                      parallel=self.slots)
         flags, baseline = self.view.candidate_flags(others), self.view.baseline_flags
@@ -86,7 +88,7 @@ class Probes:
         near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
         if leader.settled and dirty is None and leader.direction == "up":
             near = (leader.values[-1],)  # clean throughout: the top of the range, once, confirms it
-        return [BoundarySearch.over(self.knob, self.view.distributions[self.knob], others,
+        return [BoundarySearch.over(self.knob, probe_distribution(self.view, self.knob, others), others,
                                     max_preemptions=self.view.settings.max_preemptions,
                                     parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
                                     direction=leader.direction, noisy=leader.noisy)
@@ -159,6 +161,9 @@ def find_boundaries(runner: Runner, view: StudyView) -> None:
     if settings is None:
         runner.say(f"probes: the knobs other than {knob} have more than {s.boundary_settings_max} "
                    "settings (or a continuous one); feasibility is judged from each trial's replicates")
+        return
+    settings = [o for o in settings if probe_distribution(view, knob, o) is not None]  # (all refused: none)
+    if not settings:
         return
     stage = Probes(runner, view, knob, settings)
     runner.say(f"probes: one run per point to find where preemption starts along {knob} "

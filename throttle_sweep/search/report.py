@@ -14,6 +14,7 @@ from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe, ordered
 from throttle_sweep.search.driver import SweepResult
+from throttle_sweep.search.refusals import refusal_lines
 from throttle_sweep.search.trials import cost, feasible, told_reference
 from throttle_sweep.search.winner import WINNER_RULE, Confirmation, arm_of, joint_fit_of
 
@@ -107,8 +108,13 @@ def row_cells(r: dict[str, Any], versus: str) -> tuple[str, str, str]:
         status = (f"{'' if r['feasible'] else 'infeasible: '}same engine schedule as {r['same_schedule_as']} "
                   "(not measured again)")
         ratio = f"{r['ratio']:.3f} (as {r['same_schedule_as'].removeprefix('the ')})"
+    elif r["source"] == "baseline":
+        status, ratio = "the baseline's own configuration, vLLM's defaults resolved (not measured as a trial)", \
+            f"{r['ratio']:.3f} (as baseline)"
     elif r["source"] == "reference":
         status, ratio = "the search's reference: its ratios are to this point (probed clean twice)", "1 (reference)"
+    elif r["source"] == "refused":
+        status, ratio, usd = "refused by vLLM (not run)", "-", "-"
     elif r["source"] == "boundary":
         status, ratio, usd, reason = "infeasible (beyond the probed boundary: not run)", "-", "-", None
     elif r["stopped"]:
@@ -121,7 +127,8 @@ def row_cells(r: dict[str, Any], versus: str) -> tuple[str, str, str]:
 def preemption_allowed(study: optuna.Study, versus: str) -> list[str]:
     """For information: the cheapest point that preempted, if any."""
     trials = study.get_trials(deepcopy=False)
-    infeasible = [t for t in trials if t.state == TrialState.COMPLETE and not feasible(t)]
+    infeasible = [t for t in trials if t.state == TrialState.COMPLETE and not feasible(t)
+                  and t.user_attrs.get("source") != "refused"]  # never run: no cost, no preemption
     if not infeasible:
         return []
     cheapest = min(infeasible, key=cost)
@@ -197,6 +204,7 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
         out.append(f"(the search compared candidates against the {versus}, fast and clean; the confirmations "
                    "below measure against the baseline)")
     out.extend(boundary(result.study))
+    out.extend(refusal_lines(result.study))
     if result.pareto:
         out.append("Pareto front of feasible trials (cost ratio vs the candidate's p95 end-to-end latency):")
         out += [f"  trial {t.number:>3} {fmt_params(t.params):<40} ratio {cost(t):.3f} "

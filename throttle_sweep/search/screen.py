@@ -18,6 +18,7 @@ from throttle_sweep.schedule import CANDIDATE
 from throttle_sweep.search.budget import budget_left
 from throttle_sweep.search.plan import Plan
 from throttle_sweep.search.probes import close_beyond_boundary
+from throttle_sweep.search.refusals import refused, tell_refused
 from throttle_sweep.search.runner import BaselineFails, Comparison, Runner
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import (
@@ -141,6 +142,10 @@ class Screen:
         if twin is not None:
             trial.set_user_attr("duplicate_of", twin)
             v.study.tell(trial, state=TrialState.FAIL)
+            return None, False
+        if (why := refused(v, trial.params)) is not None:  # never started: vLLM would refuse it
+            tell_refused(v, trial, why)
+            self.runner.say(f"trial {trial.number} {trial.params}: refused by the engine, not run ({why})")
             return None, False
         if v.known_feasible(trial.params) is False:
             close_beyond_boundary(v, trial)

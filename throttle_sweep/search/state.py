@@ -4,7 +4,7 @@ ratios are to. It tells the study nothing; the stages do (probes.py, screen.py, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +30,16 @@ class Findings:
     probe_runs: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)  # every probe, in order
     baseline_probe: dict[str, Any] | None = None
     reference: dict[str, Any] | None = None  # the search's yardstick point; None: the baseline
+    refused: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # flags_key(others) -> refused stretches
 
 
 class StudyView:
     def __init__(self, *, study: optuna.Study, distributions: Mapping[str, Any], settings: SweepSettings,
-                 base_flags: Mapping[str, Any], baseline_flags: Mapping[str, Any], schedules: ScheduleIndex) -> None:
+                 base_flags: Mapping[str, Any], baseline_flags: Mapping[str, Any], schedules: ScheduleIndex,
+                 refusal: Callable[[Mapping[str, Any]], str | None] | None = None) -> None:
         self.study, self.distributions, self.settings = study, dict(distributions), settings
+        # flags -> the engine's reason for refusing them at start, or None (search/refusals.py)
+        self.refusal = refusal or (lambda flags: None)
         self.base_flags, self.baseline_flags = dict(base_flags), dict(baseline_flags)
         self.schedules = schedules  # flags -> the engine schedules their runs recorded
         self.findings = Findings()
@@ -84,8 +88,8 @@ class StudyView:
         """The k feasible trials with the lowest ratio (distinct configurations: distinct flags, and not the
         same schedule as one ranked higher), never an infeasible or failed one, nor one told another's answer."""
         ranked: list[optuna.trial.FrozenTrial] = []
-        for t in sorted((t for t in self.trials() if feasible(t) and t.user_attrs.get("source") != "schedule"),
-                        key=cost):
+        for t in sorted((t for t in self.trials()
+                         if feasible(t) and t.user_attrs.get("source") not in ("schedule", "baseline")), key=cost):
             if len(ranked) == k:
                 break
             flags = self.candidate_flags(t.params)
@@ -107,6 +111,8 @@ class StudyView:
     def schedule_twin(self, params: Mapping[str, Any]) -> optuna.trial.FrozenTrial | str | None:
         """What these flags are known to be the same configuration as: 'baseline', a completed trial measured
         by its own comparison, or None."""
+        if self.is_baseline(params):
+            return BASELINE
         flags = self.candidate_flags(params)
         if self.schedules.fingerprint(flags) is None:
             return None
@@ -114,6 +120,15 @@ class StudyView:
             return BASELINE  # (its answer is the baseline probe's: without one, it is compared)
         return next((t for t in self.trials(TrialState.COMPLETE)
                      if measured(t) and self.schedules.same(flags, self.candidate_flags(t.params))), None)
+
+    def is_baseline(self, params: Mapping[str, Any]) -> bool:
+        """Are these flags the baseline's own configuration: its flags, with those it left to vLLM as its run
+        resolved them (served_defaults; known once the baseline probe ran)?"""
+        probe = self.findings.baseline_probe
+        if probe is None:
+            return False
+        resolved = {**self.baseline_flags, **(probe.get("served_defaults") or {})}
+        return flags_key(self.candidate_flags(params)) == flags_key(resolved)
 
     def may_share_schedule(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         """Could two configurations run one schedule: scheduling knobs apart the same flags, and the same

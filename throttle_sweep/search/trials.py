@@ -126,10 +126,10 @@ def feasible(trial: optuna.trial.FrozenTrial) -> bool:
 
 def measured(trial: optuna.trial.FrozenTrial) -> bool:
     """A trial its own comparison answered: not a probe, not told from the boundary or from another trial's
-    schedule, not a repeat, not interrupted."""
+    schedule, not refused by the engine, not a repeat, not interrupted."""
     a = trial.user_attrs
     return trial.state.is_finished() and not a.get("interrupted") and "duplicate_of" not in a \
-        and a.get("source") not in NOT_COMPARED
+        and a.get("source") not in (*NOT_COMPARED, "refused")
 
 
 def resume_key(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> str:

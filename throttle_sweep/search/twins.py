@@ -32,8 +32,13 @@ def tell_same_schedule(runner: Runner, view: StudyView, trial: optuna.trial.Tria
     attrs.update(source="schedule", status="ok", same_schedule_as=name,
                  notes=[f"the same step-by-step engine schedule as {name}, which differs only in scheduling "
                         "knobs: one configuration, measured once"])
+    said = f"the same engine schedule as {name} (not measured again)"
+    if twin == BASELINE and view.is_baseline(trial.params):  # the very flags the baseline's run resolved
+        attrs.update(source="baseline", notes=["the baseline's own configuration (the flags it leaves to vLLM "
+                                               "resolve to these): its answer, not measured as a trial"])
+        said = "the baseline's own configuration, as vLLM resolved its defaults (not measured as a trial)"
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     set_constraints(trial, attrs)
     view.study.tell(trial, values if s.multi_objective else values[0])
-    runner.say(f"trial {trial.number} {trial.params}: the same engine schedule as {name} (not measured again)")
+    runner.say(f"trial {trial.number} {trial.params}: {said}")

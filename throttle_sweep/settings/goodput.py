@@ -109,7 +109,7 @@ def load_goodput(cfg: DictConfig) -> GoodputRun:
     baseline = arm_flags(base, plain(cfg.baseline))
     preflight(engine, baseline, capacity.spec, source="baseline")
     for flag, flags in space_extremes(base, distributions):
-        preflight(engine, flags, capacity.spec, source=f"{source}: {flag}")
+        preflight(engine, flags, capacity.spec, source=f"{source}: {flag}", refusals=False)
     if prices is not None:  # (a space cannot name it: it is no engine flag)
         distributions[GPU_TYPE] = optuna.distributions.CategoricalDistribution(list(prices))
     name = folder_name(s.name or cfg.run or f"goodput-{space_name()}", key="study.name")

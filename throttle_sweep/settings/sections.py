@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from throttle_sweep.analysis import COST_BASES
 from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine, FakeKnobs, make_engine
+from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.engines.model_source import check_model_reachable
 from throttle_sweep.errors import ConfigError, nearest
@@ -54,6 +55,7 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
 
 
 def engine_from(cfg: DictConfig) -> Engine:
+    check_gpu_engine(cfg)
     knobs = FakeKnobs(**plain(cfg.fake)) if cfg.backend == "fake" else None
     server, endpoint = plain(cfg.server), plain(cfg.endpoint)
     for group, key in (("server", "start_timeout_s"), ("server", "stop_grace_s"), ("server", "request_timeout_s"),
@@ -62,7 +64,36 @@ def engine_from(cfg: DictConfig) -> Engine:
         if not isinstance(value, int | float) or value <= 0:
             raise ConfigError(f"{group}.{key} must be a positive number of seconds, but got {value!r}")
     server["log_dir"] = str(Path(server["log_dir"] or Path(cfg.results_dir) / "server-logs").absolute())
-    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint)
+    return make_engine(cfg.backend, fake_knobs=knobs, server=server, endpoint=endpoint, twin=plain(cfg.twin))
+
+
+def check_gpu_engine(cfg: DictConfig) -> None:
+    """engine=gpu with an engine this machine runs (backend=vllm or server, no Ray cluster) needs a CUDA GPU
+    here: said at once, before a model is looked up or an engine started on the CPU instead. And its space
+    is not the CPU build's KV sizes of a few MiB (space=memory), which vLLM refuses for a real model."""
+    from throttle_sweep.engines import gpu_found
+
+    if chosen("engine") != "gpu":
+        return
+    if chosen("space") == "memory":
+        raise ConfigError("engine=gpu with +space=memory: that space sweeps kv_cache_memory_bytes of 4-64 MiB, "
+                          "sized for the CPU build's tiny model, which vLLM refuses for a real model's KV cache; "
+                          "on a GPU sweep +space=gpu_memory (gpu_memory_utilization, kv_cache_dtype, block_size)")
+    if cfg.backend not in ("vllm", "server") or cfg.ray.enabled:
+        return
+    if (why := gpu_found.no_gpu()) is not None:
+        raise ConfigError(f"engine=gpu with backend={cfg.backend} needs a CUDA GPU on this machine, and there is "
+                          f"no CUDA GPU here: {why}. To run the GPU path without one, simulate a GPU with "
+                          f"{gpu_found.TWIN_HINT}; for the CPU build's tiny model, leave out engine=gpu")
+
+
+def chosen(group: str) -> str | None:
+    """The option a config group was composed with (engine=gpu: 'gpu'); None outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().runtime.choices.get(group)
 
 
 ARMS_OF = {"measure": ("url",), "compare": ("baseline_url", "candidate_url")}
@@ -160,14 +191,18 @@ def is_local_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or Path(model).exists()
 
 
-def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str) -> None:
-    """Check one arm's flags and the workload against them; raises ConfigError naming the bad key."""
+def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, source: str,
+              refusals: bool = True) -> None:
+    """Check one arm's flags and the workload against them; raises ConfigError naming the bad key. With
+    `refusals`, flags the engine would refuse at start (vLLM's own config checks) are an error too; a sweep's
+    space is not checked so (its search tells refused proposals to the study: search/refusals.py)."""
     check_flags(flags, engine.flag_schema(), source=source)
     for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
                 "block_size", "tensor_parallel_size"):
         value = flags.get(key)
         if value is not None and value <= 0:
             raise ConfigError(f"{source}.{key} must be a positive integer, but got {value!r}")
+    check_data_parallel(engine, flags, source=source)
     model = flags.get("model")
     if model is not None and is_local_path(str(model)):
         path = Path(str(model)).expanduser()
@@ -180,6 +215,19 @@ def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, s
     spec.check(max_model_len=max_len)
     if model is None and spec.jsonl is not None:
         _check_token_prompts(spec)
+    if refusals and (why := engine_refusal(engine, flags)) is not None:
+        given = " ".join(f"{k}={v}" for k, v in sorted(flags.items()))
+        raise ConfigError(f"{source}: the engine refuses these flags ({given}) at start: {why}")
+
+
+def check_data_parallel(engine: Engine, flags: Mapping[str, Any], *, source: str) -> None:
+    """vLLM's in-process class (LLM) refuses data_parallel_size > 1 at start, as vllm/entrypoints/llm.py does
+    unless an external launcher runs each rank: refused before it starts, where the flags are not to blame."""
+    size = flags.get("data_parallel_size") or 1
+    if engine.name == "vllm" and size > 1 and flags.get("distributed_executor_backend") != "external_launcher":
+        raise ConfigError(f"{source}.data_parallel_size={size}: vLLM's in-process engine (backend=vllm, its LLM "
+                          "class) runs one data-parallel rank only; use backend=server (vLLM's API server runs "
+                          "every rank), or data_parallel_size=1")
 
 
 def _check_token_prompts(spec: WorkloadSpec) -> None:

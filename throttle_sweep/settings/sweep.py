@@ -96,7 +96,7 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
     baseline = arm_flags(base, plain(cfg.baseline))
     preflight(engine, baseline, spec, source="baseline")
     for flag, flags in space_extremes(base, distributions):  # the extremes of the space must pass the same checks
-        preflight(engine, flags, spec, source=f"{source}: {flag}")
+        preflight(engine, flags, spec, source=f"{source}: {flag}", refusals=False)
     notes = (few_replicates_note(settings.confirm_replicates, key="study.confirm_replicates"),
              shared_engine_note(warm), clip_note, kv_size_note(baseline, source="baseline"))
     measurement = measured_sections(cfg, spec)
