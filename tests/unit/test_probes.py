@@ -159,3 +159,17 @@ def test_the_plan_after_the_probes_counts_each_run_at_the_whole_works_length():
     scale = SPEC.num_requests / clean[0]["requests_completed"]
     whole = short + clean[0]["wall_s"] * (scale - 1)
     assert plan.per_trial_s == pytest.approx(SweepSettings().replicates * 2 * whole, rel=1e-6)
+
+
+def test_the_gpu_time_before_the_plan_is_the_calibration_and_the_baselines_run():
+    """What a twin sweep reports as spent before the plan: the plan is said once the baseline's probe is in."""
+    from throttle_sweep.search.gpu_time import gpu_time
+
+    def run(stage, arm, seconds, engine):
+        return {"stage": stage, "arm": arm, "wall_s": seconds, "engine_lifetime": {"id": engine, "start_s": 10.0}}
+
+    records = [run("calibration", "baseline", 40.0, "a"), run("probe", "baseline", 45.0, "b"),
+               run("probe", "candidate", 5.0, "c"), run("search", "candidate", 45.0, "c")]
+    spent = gpu_time(records)
+    assert spent.before_plan_s == pytest.approx(40 + 10 + 45 + 10)
+    assert spent.total_s == pytest.approx(40 + 45 + 5 + 45 + 3 * 10)
