@@ -5,12 +5,10 @@ tells). What it finds (`Findings`) steers the rest: preempting points are told t
 trials, the boundary's last clean point may become the search's yardstick, and proposals beyond the boundary
 are closed unrun.
 
-The first engine-minutes go to what decides the plan. Along max_num_seqs the KV capacity the baseline's
-engine reported predicts the boundary (how many requests of the work fit at full length): the search starts
-at the two values either side of it, never at the slow low end, and a range whose every value fits is not
-probed at all. A probe runs PROBE_WAVES waves of its own batch, not the whole work: preemption is a property
-of the batch reached at full length, which the first waves already reach (a run of max_num_seqs=1 through
-the whole work would take as long as max_num_seqs replicates). The budgets bind the probes too."""
+The first engine-minutes go to what decides the plan. Along max_num_seqs the baseline's KV capacity predicts
+the boundary (capacity.py): the search starts either side of it, never at the slow low end, and a range whose
+every value fits is not probed. A probe runs a few waves of its own batch, not the whole work (a run of
+max_num_seqs=1 through it would take as long as max_num_seqs replicates). The budgets bind the probes too."""
 
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ from typing import Any
 
 import optuna
 
+from throttle_sweep import calibration
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.schedule import BASELINE, CANDIDATE
 from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values
@@ -46,6 +45,11 @@ class Probes:
         self.searches: list[BoundarySearch] = []  # the first once the baseline's run is in
         self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
         self.capacity: int | None = None  # the most full-length requests the baseline's KV cache holds
+        calibrated = next((r for r in runner.records if r.get("stage") == calibration.STAGE and r.get("status") == "ok"
+                           and r.get("flags") == view.baseline_flags and r.get("workload") == self.work), None)
+        if calibrated is not None:  # the work sized by time came out as configured: that run is the baseline's
+            self.pending = []
+            self.baseline_in(calibrated, basis="the calibration run's time")
 
     def first(self) -> BoundarySearch:
         """The first setting's search: from the values either side of the boundary the baseline's KV capacity
@@ -82,6 +86,13 @@ class Probes:
                         + (f", each probe {PROBE_WAVES} waves of its own batch" if short else ""))
         return BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
                                    parallel=self.slots, near=near, direction="up", recheck=True, gallop=True)
+
+    def baseline_in(self, record: dict[str, Any], *, basis: str) -> None:
+        """The baseline's run of this work is in: what its KV capacity predicts, and the plan."""
+        self.view.findings.baseline_probe = record
+        self.capacity = capacity(record, self.work)
+        self.searches.append(self.first())
+        say_plan(self.runner, basis=f"{basis} (every run taken to be as long; again after the probes)")
 
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
@@ -133,11 +144,7 @@ class Probes:
             if not ok:
                 raise BaselineFails(f"the baseline {self.view.baseline_flags} failed ({record.get('reason')}); a "
                                     "comparison against it cannot mean anything: fix what makes it fail and run again")
-            found.baseline_probe = record
-            self.capacity = capacity(record, self.work)
-            self.searches.append(self.first())
-            say_plan(self.runner, basis="the baseline's run time (every run taken to be as long; again after the "
-                     "probes)")
+            self.baseline_in(record, basis="the baseline's run time")
             return
         count = record.get("preemptions") if ok else None
         search.add(index, repeat, count)
@@ -165,11 +172,11 @@ def find_boundaries(runner: Runner, view: StudyView) -> None:
     settings = [o for o in settings if probe_distribution(view, knob, o) is not None]  # (all refused: none)
     if not settings:
         return
-    stage = Probes(runner, view, knob, settings)
     runner.say(f"probes: one run per point to find where preemption starts along {knob} "
                f"({len(knob_values(view.distributions[knob]))} values"
                + (f", for each of {len(settings)} settings of the other knobs; the others start from the "
                   "first one's boundary where it is exact" if len(settings) > 1 else "") + ")")
+    stage = Probes(runner, view, knob, settings)
     runner.run(stage)
     summaries = []
     for i, search in enumerate(stage.searches):
