@@ -493,3 +493,18 @@ def test_a_reference_that_preempts_in_a_search_comparison_answers_nothing():
     assert compared and all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["blame"] == "baseline"
                             and "the reference preempted" in t.user_attrs["reason"] for t in compared)
     assert result.winner is not None and result.winner.params == sweep.view.findings.reference  # confirmed against the baseline
+
+
+def test_a_gallop_from_a_high_prediction_takes_steps_in_proportion_to_it():
+    """On the H100 twin the KV capacity predicted 2005 of 2048 while nothing up to 2048 preempted (admission
+    staggers the batch): steps of one, two, four values took seven probes to reach the top."""
+    probed = []
+
+    def count(v, _):
+        probed.append(v)
+        return 0
+
+    search = BoundarySearch.over("max_num_seqs", IntDistribution(1, 2048, log=True), {}, near=(2005, 2006),
+                                 direction="up", recheck=True, gallop=True)
+    run(search, count)
+    assert search.boundary.summary()["last_clean"] == 2048 and len(set(probed)) <= 3, probed

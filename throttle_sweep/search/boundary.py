@@ -231,7 +231,8 @@ class BoundarySearch:
             return [(i, 1) for i in ends]  # the start values point the other way: the ends tell what is true
         clean, dirty = b.edge()
         if self.gallop and dirty is None and clean is not None and b.direction == "up" and clean < n - 1:
-            return [(min(n - 1, clean + max(1, clean - min(self.start or (0,)))), 1)]  # doubling distances
+            first = min(self.start or (0,))  # steps that double, from 1/32 of the start's index (staggered
+            return [(min(n - 1, clean + max(1, first // 32, clean - first)), 1)]  # admission: often well above)
         if clean is None or dirty is None:  # all probed alike (a search that started near a boundary)
             if b.expected is not None:  # the end the boundary moved towards: worse if clean, better if not
                 worse = n - 1 if b.expected == "up" else 0
