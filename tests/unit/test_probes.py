@@ -173,3 +173,22 @@ def test_the_gpu_time_before_the_plan_is_the_calibration_and_the_baselines_run()
     spent = gpu_time(records)
     assert spent.before_plan_s == pytest.approx(40 + 10 + 45 + 10)
     assert spent.total_s == pytest.approx(40 + 45 + 5 + 45 + 3 * 10)
+
+
+def test_a_kv_cache_twice_what_the_range_runs_is_not_probed_for_any_token_budget():
+    """On the H100 twin (Qwen2.5-0.5B) the KV cache held 11724 requests of the default work, 2048 in flight: a
+    token budget's activation memory cannot take half of it, so no setting is probed (before: a probe at the top
+    for each of six budgets, 220 simulated s each)."""
+    flags = {"num_gpu_blocks_override": 2 * 2048 * PER_REQUEST, "block_size": 16, "max_model_len": 1024}
+    records = []
+    sweep = Sweep(study=optuna.create_study(),
+                  distributions={"max_num_seqs": IntDistribution(1, 2048, log=True),
+                                 "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([2048, 8192])},
+                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 256},
+                  workload_key={"workload": asdict(SPEC), "backend": "fake"}, pool=FakeOneSlot(SPEC),
+                  write=records.append, existing=[],
+                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=0, confirm_top=0))
+    sweep.find_boundaries()
+    found = sweep.view.study.user_attrs["boundaries"]
+    assert len(found) == 2 and all((b["last_clean"], b["proven"], b["settled"]) == (2048, True, True) for b in found)
+    assert not probes_of(records)

@@ -45,6 +45,7 @@ class Probes:
         self.searches: list[BoundarySearch] = []  # the first once the baseline's run is in
         self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
         self.capacity: int | None = None  # the most full-length requests the baseline's KV cache holds
+        self.roomy = False  # it holds twice what any value runs at once: other token budgets are not probed
         calibrated = next((r for r in runner.records if r.get("stage") == calibration.STAGE and r.get("status") == "ok"
                            and r.get("flags") == view.baseline_flags and r.get("workload") == self.work), None)
         if calibrated is not None:  # the work sized by time came out as configured: that run is the baseline's
@@ -69,9 +70,11 @@ class Probes:
         values = search.boundary.values
         holds = (f"probes: the KV cache the baseline's engine reported holds {self.capacity} requests of this "
                  f"work at full length")
-        if self.capacity >= min(values[-1], in_flight(self.work)):
-            fits = f"{holds}, at least as many as any {self.knob} in the range runs at once"
-            if differ(keys):  # another token budget may move the memory profile: one probe at the top confirms
+        most = min(values[-1], in_flight(self.work))
+        self.roomy = self.capacity >= 2 * most  # no token budget's activation memory takes half of the cache
+        if self.capacity >= most:
+            fits = f"{holds}, {'twice ' if self.roomy else ''}as many as any {self.knob} in the range runs at once"
+            if differ(keys) and not self.roomy:  # another token budget may move the memory profile: confirm it
                 self.runner.say(f"{fits}: one probe at {self.knob}={values[-1]} confirms it")
                 return BoundarySearch.over(self.knob, dist, others, parallel=self.slots, near=(values[-1],),
                                            max_preemptions=self.view.settings.max_preemptions, direction="up",
@@ -97,13 +100,17 @@ class Probes:
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
         near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
-        if leader.settled and dirty is None and leader.direction == "up":
-            near = (leader.values[-1],)  # clean throughout: the top of the range, once, confirms it
-        return [BoundarySearch.over(self.knob, probe_distribution(self.view, self.knob, others), others,
-                                    max_preemptions=self.view.settings.max_preemptions,
-                                    parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
-                                    direction=leader.direction, noisy=leader.noisy)
-                for others in self.settings[1:]]
+        searches, clean_throughout = [], leader.settled and dirty is None and leader.direction == "up"
+        for others in self.settings[1:]:
+            dist = probe_distribution(self.view, self.knob, others)
+            top = (knob_values(dist)[-1],)  # clean throughout: the top of its own range, once, confirms it
+            search = BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
+                                         parallel=max(1, self.slots // (len(self.settings) - 1)),
+                                         near=top if clean_throughout else near, direction=leader.direction,
+                                         noisy=leader.noisy)
+            search.boundary.proven = leader.proven and self.roomy  # (twice what any value runs at once)
+            searches.append(search)
+        return searches
 
     def next(self, slot: int) -> Comparison | None:
         if (gone := spent(self.runner)) is not None:
