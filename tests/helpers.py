@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -75,7 +76,8 @@ class FakeOneSlot(PoolBasics):
         self.jobs.append(job)
         if self.stop_after is not None and len(self.jobs) > self.stop_after:
             raise KeyboardInterrupt
-        record = measure_replicate(self.engine, job.flags, self.spec, Price(), run_id="t", arm=job.arm,
+        spec = replace(self.spec, **job.workload) if job.workload else self.spec
+        record = measure_replicate(self.engine, job.flags, spec, Price(), run_id="t", arm=job.arm,
                                    position=job.position, environment={}, context={**job.context, "slot": "s0"})
         if self.tweak is not None:
             self.tweak(job, record)

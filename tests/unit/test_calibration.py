@@ -65,7 +65,10 @@ def test_a_sweep_sized_by_time_calibrates_once_and_every_replicate_runs_the_size
     cal = calibrations[0]
     assert cal["workload"]["num_requests"] == 16 and cal["flags"]["max_num_seqs"] == 1  # the baseline, as configured
     sized = max(16, math.ceil(16 * 20 / cal["wall_s"]))
-    rest = [r for r in records if r.get("stage") != "calibration"]
+    # a probe runs two waves of its own batch (search/capacity.py), every other run the sized work
+    probes = [r for r in records if r.get("workload_changed")]
+    assert probes and all(r["workload"]["num_requests"] == 2 * r["flags"]["max_num_seqs"] for r in probes)
+    rest = [r for r in records if r.get("stage") != "calibration" and not r.get("workload_changed")]
     assert rest and {r["workload"]["num_requests"] for r in rest} == {sized} and sized > 16
     baseline_walls = [r["wall_s"] for r in rest if r["flags"] == cal["flags"] and r["status"] == "ok"]
     assert baseline_walls and all(15 < w < 25 for w in baseline_walls)  # a baseline replicate lasts about 20 s
@@ -75,7 +78,8 @@ def test_a_sweep_sized_by_time_calibrates_once_and_every_replicate_runs_the_size
     assert sweep_cmd.run(compose_cfg(*SWEEP, "study.name=timed", tmp_path=tmp_path), console) == 0
     again = read_records(tmp_path / "timed" / "replicates.jsonl")
     assert [r for r in again if r.get("stage") == "calibration"] == calibrations
-    assert {r["workload"]["num_requests"] for r in again if r.get("stage") != "calibration"} == {sized}
+    assert {r["workload"]["num_requests"] for r in again
+            if r.get("stage") != "calibration" and not r.get("workload_changed")} == {sized}
 
 
 def test_a_comparison_sized_by_time_runs_the_sized_work_on_both_arms(tmp_path):

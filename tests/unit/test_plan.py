@@ -1,4 +1,4 @@
-"""The plan a sweep prints after its probes, and the dollar budget that stops the search before it is spent."""
+"""The plan a sweep prints after the baseline's run and again after its probes, and the dollar budget that stops the search before it is spent."""
 
 from __future__ import annotations
 
@@ -32,11 +32,14 @@ def test_the_projection_counts_each_arm_at_its_own_run_time():
 DEMO = ["backend=fake", "+experiment=demo", "slots=1", "plots=false"]
 
 
-def test_the_sweep_prints_its_plan_after_the_probes_and_the_budget_stops_the_search_before_it_is_spent(tmp_path):
+def test_the_sweep_prints_its_plan_after_the_baseline_and_again_after_the_probes_and_the_budget_stops_the_search(
+        tmp_path):
     console = Console(record=True, width=300)
     assert sweep_cmd.run(compose_cfg(*DEMO, "study.name=plan", tmp_path=tmp_path), console) == 0
     shown = console.export_text()
-    assert "plan: up to " in shown and shown.index("probe max_num_seqs") < shown.index("plan: ")
+    assert shown.count("plan: up to ") == 2
+    assert shown.index("plan: ") < shown.index("probe max_num_seqs") < shown.rindex("plan: ")
+    assert "projected from the baseline's run time" in shown
     records = read_records(tmp_path / "plan" / "replicates.jsonl")
     one = engine_seconds([r for r in records if r["stage"] == "search"][:8]) / 3600 * 1.39  # a whole comparison
     probes = engine_seconds([r for r in records if r["stage"] == "probe"]) / 3600 * 1.39
@@ -67,3 +70,17 @@ def test_the_wall_time_budget_starts_no_comparison_that_would_run_past_it(monkey
     runner.began = 1000.0 - 270.0  # 30 s left, less than a comparison takes
     why = budget.budget_left(runner, plan)
     assert why is not None and "wall-time budget" in why and "40 s" in why
+
+
+def test_a_calibration_run_of_the_very_work_is_the_baselines_probe_and_the_plan_follows_it(tmp_path):
+    """Work sized by time whose size comes out as configured (the loop's concurrency is the floor): the
+    calibration run is the baseline's run of this work, so it is not run again before the plan."""
+    console = Console(record=True, width=300)
+    assert sweep_cmd.run(compose_cfg(*DEMO, "study.name=cal", "workload.replicate_s=0.001", tmp_path=tmp_path),
+                         console) == 0
+    records = read_records(tmp_path / "cal" / "replicates.jsonl")
+    assert [r["stage"] for r in records[:1]] == ["calibration"]
+    assert not [r for r in records if r["stage"] == "probe" and r["arm"] == "baseline"]
+    shown = console.export_text()
+    assert "projected from the calibration run's time" in shown
+    assert shown.index("plan: ") < shown.index("probe max_num_seqs")

@@ -328,7 +328,7 @@ def test_losing_every_slot_stops_the_sweep_with_everything_measured_kept():
 def test_a_failed_replicate_keeps_the_sweep_stage_it_belongs_to_and_says_where_it_failed(tmp_path):
     """A record's `stage` is the sweep's (probe, search, confirm); where a run failed is `failed_at` (start,
     run): a failure must not overwrite which part of the sweep its record belongs to."""
-    sweep(tmp_path, "study.n_trials=4", "study.sampler=grid", "+fake.fail_start_when.max_num_seqs=20", name="f")
+    sweep(tmp_path, "study.n_trials=4", "study.sampler=grid", "+fake.fail_start_when.max_num_seqs=12", name="f")
     records = read_records(tmp_path / "f" / "replicates.jsonl")
     failed = [r for r in records if r["status"] == "failed"]
     assert failed and all(r["stage"] in ("probe", "search", "confirm") for r in records)

@@ -68,6 +68,9 @@ class FakeKnobs:
     hang_when: dict[str, int] = field(default_factory=dict)
     realtime: bool = False
     seed: int = 0
+    # the chance that a step admits no waiting sequence, drawn per replicate from `seed`: batch composition that
+    # depends on timing, as with vLLM's asynchronous scheduling on a GPU (preemption counts then vary by run)
+    jitter: float = 0.0
     # a directory that stands for one GPU's memory: an awake engine holds a file in it, and starting or waking
     # an engine while another one is awake fails like CUDA running out of memory; the engine then sleeps and
     # wakes (vLLM's sleep mode, level 1) as a GPU engine must when a slot keeps two of them
@@ -106,6 +109,7 @@ class FakeSession:
             self.total_blocks = int(flags["num_gpu_blocks_override"])
         self.kv_blocks, self.kv_block_size = self.total_blocks, self.block_size
         self.lifetime_speed = self._lifetime(start_index)
+        self._jitter = random.Random(f"{knobs.seed}/jitter/{start_index}")
         self._begun = False
         self._set_speed(start_index)
         self.start_seconds = knobs.start_s
@@ -128,6 +132,7 @@ class FakeSession:
         # whatever ran on this engine before (a warm-up run, earlier replicates)
         self.clock = 0.0
         self._set_speed(index)
+        self._jitter = random.Random(f"{self.knobs.seed}/jitter/{index}")
 
     def _lifetime(self, index: int) -> float:
         return math.exp(random.Random(f"{self.knobs.seed}/{index}").gauss(0.0, self.knobs.lifetime_sd))
@@ -229,7 +234,8 @@ class FakeSession:
                 prefill_tokens += chunk
                 budget -= chunk
         free = self._free_blocks()
-        while self.waiting and not preempted_now and len(self.running) < self.max_num_seqs:
+        held = bool(self.running) and self.knobs.jitter > 0 and self._jitter.random() < self.knobs.jitter
+        while self.waiting and not preempted_now and not held and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             first = self._context(seq) if not self.chunked else min(self._context(seq), max(budget, 0))
             if first <= 0 or (not self.chunked and first > budget) \

@@ -4,9 +4,12 @@ With closed-loop fixed work a configuration's preemption count is deterministic 
 across runs and equal to a bare `LLM.generate`), so feasibility needs no replicates. The search probes both
 ends of the knob's range, then splits the interval between the last clean and the first preempting value
 (k-section: one point per free slot per round, plain bisection with one slot) until they are neighbours at
-the space's full resolution, then probes those two once more. A repeat that disagrees with the first count,
-or a clean value beyond a preempting one, means the surface is not what this search assumes: the result
-says so and the sweep falls back to judging feasibility from replicates. (Bisection only sees the values it
+the space's full resolution, then probes those two once more. A repeat that disagrees with the first count
+makes feasibility noisy (on a GPU the engine core schedules asynchronously, so batch composition may depend
+on timing): the last clean value must then run clean in every one of NOISY_REPEATS probes, and a value that
+preempted in any probe counts as preempting, as a trial's replicates are judged (the worst count). A clean
+value beyond a preempting one means the surface is not what this search assumes: the result says so and
+the sweep falls back to judging feasibility from replicates. (Bisection only sees the values it
 probes: a clean island inside a preempting stretch it skipped goes unnoticed. For max_num_seqs, KV size and
 memory utilisation under fixed work the surface is monotone.)
 
@@ -25,6 +28,7 @@ from typing import Any
 import optuna.distributions as od
 
 FLOAT_POINTS = 33  # a continuous float knob (no step) is searched on this many evenly spaced values
+NOISY_REPEATS = 3  # probes the last clean value must run clean in, once repeats have disagreed
 
 
 def ordered(dist: od.BaseDistribution) -> bool:
@@ -72,18 +76,26 @@ class Boundary:
     max_preemptions: int = 0
     expected: str | None = None  # 'up' | 'down': the direction another setting's boundary showed, for when the
                                  # probes alone cannot tell (all alike, as a search started near it may find)
+    expect_noise: bool = False  # another setting's repeats disagreed: replicate the clean side from the start
+    proven: bool = False  # the engine's KV capacity holds every value's batch at full length: clean, unprobed
 
     def dirty(self, i: int) -> bool:
-        return any(c is None or c > self.max_preemptions for c in self.counts[i])
+        return any(c is None or c > self.max_preemptions for c in self.counts.get(i, ()))
 
     @property
     def probed(self) -> list[int]:
-        return sorted(self.counts)
+        """Probed indices (a range proven clean by its KV capacity stands for its top value, unprobed)."""
+        return sorted(self.counts) or ([len(self.values) - 1] if self.proven else [])
 
     @property
     def consistent(self) -> bool:
         """Every repeated probe gave the same count as the first."""
         return all(len(set(c)) == 1 for c in self.counts.values())
+
+    @property
+    def noisy(self) -> bool:
+        """Feasibility is judged from replicated probes: repeats disagreed here, or in another setting."""
+        return self.expect_noise or not self.consistent
 
     @property
     def direction(self) -> str | None:
@@ -120,8 +132,13 @@ class Boundary:
 
     @property
     def settled(self) -> bool:
-        """Trustworthy: monotone and consistent. If not, feasibility must come from replicates."""
-        return self.monotone and self.consistent
+        """Trustworthy: monotone, and consistent or (noisy) with its last clean value clean in NOISY_REPEATS
+        probes. If not, feasibility must come from each trial's replicates."""
+        return self.monotone and (not self.noisy or self.replicated())
+
+    def replicated(self) -> bool:
+        clean, _ = self.edge()
+        return clean is None or len(self.counts.get(clean, ())) >= NOISY_REPEATS
 
     def feasible(self, value: Any) -> bool | None:
         """True/False where the probes decide it, None where they cannot (not settled, or between probes)."""
@@ -147,7 +164,8 @@ class Boundary:
                 "last_clean": self.values[clean] if clean is not None else None,
                 "first_preempting": self.values[dirty] if dirty is not None else None,
                 "exact": self.exact(), "settled": self.settled, "monotone": self.monotone,
-                "consistent": self.consistent, "low": self.values[0], "high": self.values[-1],
+                "consistent": self.consistent, "noisy": self.noisy, "proven": self.proven,
+                "low": self.values[0], "high": self.values[-1],
                 "probes": {str(self.values[i]): c for i, c in sorted(self.counts.items())}}
 
 
@@ -159,18 +177,22 @@ class BoundarySearch:
     recheck: bool = True  # probe the two values either side of the boundary once more
     parallel: int = 1  # probes per bisection round: the slots that can run them at once
     start: tuple[int, ...] = ()  # the indices probed first; () = both ends
+    gallop: bool = False  # all clean from a start below the boundary: step up by doubling distances, not to the end
     _asked: set[tuple[int, int]] = field(default_factory=set)  # (index, repeat) handed out, not yet answered
 
     @classmethod
     def over(cls, knob: str, dist: od.BaseDistribution, others: Mapping[str, Any], *, max_preemptions: int = 0,
-             recheck: bool | None = None, parallel: int = 1, near: tuple[Any, Any] | None = None,
-             direction: str | None = None) -> BoundarySearch:
-        """`near`: (last clean, first preempting) of another setting's boundary, with its `direction`: start
-        there, and skip the recheck unless asked (None: recheck only a search that starts at the ends)."""
+             recheck: bool | None = None, parallel: int = 1, near: tuple[Any, ...] | None = None,
+             direction: str | None = None, noisy: bool = False, gallop: bool = False) -> BoundarySearch:
+        """`near`: (last clean, first preempting) of another setting's boundary (or a prediction), with its
+        `direction`: start there, and skip the recheck unless asked (None: recheck only a search that starts at
+        the ends). `noisy`: replicate the clean side from the start (another setting's repeats disagreed).
+        `gallop`: the start is a floor of the boundary (a prediction), so where it runs clean the boundary is
+        most likely near above it."""
         values = knob_values(dist)
         start = tuple(values.index(v) for v in near if v in values) if near else ()
-        return cls(Boundary(knob, dict(others), values, {}, max_preemptions, direction if start else None),
-                   (not start) if recheck is None else recheck, parallel, start)
+        return cls(Boundary(knob, dict(others), values, {}, max_preemptions, direction if start else None,
+                            noisy), (not start) if recheck is None else recheck, parallel, start, gallop=gallop)
 
     def add(self, index: int, repeat: int, preemptions: int | None) -> None:
         self._asked.discard((index, repeat))
@@ -195,6 +217,8 @@ class BoundarySearch:
         split of the interval between the last clean and the first preempting value, then the recheck of the
         two deciding values."""
         b, n = self.boundary, len(self.boundary.values)
+        if b.proven:
+            return []
         first = [i for i in dict.fromkeys(self.start or (0, n - 1)) if i not in b.counts]
         if first:
             return [(i, 1) for i in first]
@@ -206,6 +230,9 @@ class BoundarySearch:
         if b.expected is not None and b.direction != b.expected and ends:
             return [(i, 1) for i in ends]  # the start values point the other way: the ends tell what is true
         clean, dirty = b.edge()
+        if self.gallop and dirty is None and clean is not None and b.direction == "up" and clean < n - 1:
+            first = min(self.start or (0,))  # steps that double, from 1/32 of the start's index (staggered
+            return [(min(n - 1, clean + max(1, first // 32, clean - first)), 1)]  # admission: often well above)
         if clean is None or dirty is None:  # all probed alike (a search that started near a boundary)
             if b.expected is not None:  # the end the boundary moved towards: worse if clean, better if not
                 worse = n - 1 if b.expected == "up" else 0
@@ -217,6 +244,9 @@ class BoundarySearch:
             k = min(self.parallel, hi - lo - 1)
             points = sorted({lo + round((hi - lo) * j / (k + 1)) for j in range(1, k + 1)} - {lo, hi})
             return [(i, 1) for i in points]
+        if b.noisy:  # the last clean value, once more at a time, until NOISY_REPEATS probes say it is clean
+            runs = len(b.counts[clean]) if clean is not None else NOISY_REPEATS
+            return [(clean, runs + 1)] if runs < NOISY_REPEATS else []
         if not self.recheck:
             return []
         # neighbours (or one end of a range without a boundary): probe the deciding values once more
@@ -238,12 +268,15 @@ def describe(summary: Mapping[str, Any], predicted: int | None = None) -> str:
     if not summary["monotone"]:
         text = (f"no clean preemption boundary along {knob}{given}: preempting and clean values interleave "
                 f"({'; '.join(f'{v}: {c}' for v, c in probes.items())}); feasibility is judged from replicates")
-    elif not summary["consistent"]:
+    elif not summary["settled"]:
         text = (f"preemption along {knob}{given} is not deterministic here (a repeated probe disagreed: "
                 f"{'; '.join(f'{v}: {c}' for v, c in probes.items())}); feasibility is judged from replicates")
     elif summary["last_clean"] is None:
         text = (f"every {knob}{given} preempts ({summary['low']} to {summary['high']}): the boundary lies outside "
                 "the range")
+    elif summary.get("proven"):
+        text = (f"no preemption at any {knob}{given} ({summary['low']} to {summary['high']}): the KV capacity the "
+                "engine reported holds the most this work keeps in flight at full length, so no probe was run")
     elif summary["first_preempting"] is None:
         text = (f"no preemption at any {knob}{given} ({summary['low']} to {summary['high']}): the boundary lies "
                 "outside the range")
@@ -252,6 +285,12 @@ def describe(summary: Mapping[str, Any], predicted: int | None = None) -> str:
         text = (f"preemption boundary{given}: last clean {knob}={clean} ({counted(clean)}), first preempting "
                 f"{knob}={dirty} ({counted(dirty)})"
                 + ("" if summary["exact"] else " (not neighbours: a probe between them failed)"))
+    if summary["monotone"] and summary["settled"] and summary.get("noisy"):
+        runs = len(probes.get(str(summary["last_clean"])) or [])
+        text += (f"; feasibility was noisy (repeated probes disagreed: "
+                 f"{'; '.join(f'{v}: {c}' for v, c in probes.items() if len(set(c)) > 1) or 'in another setting'})"
+                 + (f", so the last clean value ran clean in all {runs} of its probes" if runs else "")
+                 + ", and a value that preempted in any probe counts as preempting")
     if predicted is not None:
         text += f"; the KV capacity the engine reported predicts the last clean {knob}={predicted}"
     return text

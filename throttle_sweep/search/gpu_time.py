@@ -1,14 +1,12 @@
 """How much GPU time a sweep's records stand for: each engine's start and warm-up once, every run's own time.
 On the GPU twin these are the simulated seconds a GPU would have spent, which is what a user would pay for;
-the plan is printed once the calibration and the probes have run, so their share is the time before it."""
+the plan is said once the calibration and the baseline's probe have run, so their share is the time before it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-BEFORE_PLAN = ("calibration", "probe")
 
 
 @dataclass(frozen=True)
@@ -32,6 +30,6 @@ def gpu_time(records: Iterable[Mapping[str, Any]]) -> GpuTime:
             spent += float(life.get("start_s") or record.get("engine_start_s") or 0.0)
             spent += float(life.get("warmup_s") or 0.0)
         total += spent
-        if record.get("stage") in BEFORE_PLAN:
+        if record.get("stage") == "calibration" or (record.get("stage") == "probe" and record.get("arm") == "baseline"):
             before += spent
     return GpuTime(total, before)

@@ -15,10 +15,11 @@ class Plan:
     per_trial_usd: float  # one search comparison at most
     per_trial_s: float  # its wall time on its slot
 
-    def sentence(self, *, slots: int, budget_usd: float | None, timeout_s: float | None) -> str:
+    def sentence(self, *, slots: int, budget_usd: float | None, timeout_s: float | None,
+                 basis: str = "the probes' run times") -> str:
         text = (f"plan: up to {self.runs} more runs, about {self.engine_s / 3600:.2f} engine-hours "
                 f"({self.wall_s / 60:.1f} min of wall time on {slots} slot(s)), about ${self.usd:.2f} at the assumed "
-                "price, projected from the probes' run times")
+                f"price, projected from {basis}")
         if budget_usd is not None and self.usd > budget_usd:
             text += (f"; study.budget_usd={budget_usd:g} covers part of it: the search stops before a comparison "
                      "would go over it (confirmation of the best so far still runs)")

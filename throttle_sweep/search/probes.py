@@ -1,8 +1,14 @@
-"""The probe stage: the baseline once (it must work before anything else is spent), then single runs along
-the boundary knob for each setting of the other knobs, to find where preemption starts (with closed-loop
-fixed work a configuration's preemption count is deterministic, so one run per point tells). What it finds
-(`Findings`) steers the rest: preempting points are told to the study as infeasible trials, the boundary's
-last clean point may become the search's yardstick, and proposals beyond the boundary are closed unrun."""
+"""The probe stage: the baseline once (it must work before anything else is spent; the plan is said after
+it), then single runs along the boundary knob for each setting of the other knobs, to find where preemption
+starts (with closed-loop fixed work a configuration's preemption count is deterministic, so one run per point
+tells). What it finds (`Findings`) steers the rest: preempting points are told to the study as infeasible
+trials, the boundary's last clean point may become the search's yardstick, and proposals beyond the boundary
+are closed unrun.
+
+The first engine-minutes go to what decides the plan. Along max_num_seqs the baseline's KV capacity predicts
+the boundary (capacity.py): the search starts either side of it, never at the slow low end, and a range whose
+every value fits is not probed. A probe runs a few waves of its own batch, not the whole work (a run of
+max_num_seqs=1 through it would take as long as max_num_seqs replicates). The budgets bind the probes too."""
 
 from __future__ import annotations
 
@@ -12,11 +18,14 @@ from typing import Any
 
 import optuna
 
+from throttle_sweep import calibration
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values, predicted_last_clean
+from throttle_sweep.search.boundary import Boundary, BoundarySearch, knob_values
+from throttle_sweep.search.budget import say_plan, spent
+from throttle_sweep.search.capacity import KV_NEUTRAL, PROBE_WAVES, capacity, in_flight, probe_work
 from throttle_sweep.search.refusals import probe_distribution
-from throttle_sweep.search.runner import BaselineFails, Comparison, Runner
+from throttle_sweep.search.runner import BaselineFails, Comparison, Runner, SweepStopped
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import probed_attrs, told_reference, where
 
@@ -26,25 +35,88 @@ Pending = tuple[BoundarySearch | None, int, int]
 
 class Probes:
     """The probe stage's comparisons (runner.Stage): every search one round at a time, one probe per slot.
-    The first setting of the other knobs is searched in full; the others start where its boundary lies."""
+    The first setting of the other knobs is searched once the baseline's run is in (from its predicted
+    boundary, or the ends); the others start where its boundary lies."""
 
     def __init__(self, runner: Runner, view: StudyView, knob: str, settings: list[dict[str, Any]]) -> None:
         self.runner, self.view, self.knob, self.settings = runner, view, knob, settings
         self.slots = len(runner.pool.slots)
-        self.searches = [BoundarySearch.over(knob, probe_distribution(view, knob, settings[0]), settings[0],
-                                             max_preemptions=view.settings.max_preemptions, parallel=self.slots)]
+        self.work: dict[str, Any] = dict(runner.workload_key.get("workload") or {})
+        self.searches: list[BoundarySearch] = []  # the first once the baseline's run is in
         self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
+        self.capacity: int | None = None  # the most full-length requests the baseline's KV cache holds
+        self.roomy = False  # it holds twice what any value runs at once: other token budgets are not probed
+        calibrated = next((r for r in runner.records if r.get("stage") == calibration.STAGE and r.get("status") == "ok"
+                           and r.get("flags") == view.baseline_flags and r.get("workload") == self.work), None)
+        if calibrated is not None:  # the work sized by time came out as configured: that run is the baseline's
+            self.pending = []
+            self.baseline_in(calibrated, basis="the calibration run's time")
+
+    def first(self) -> BoundarySearch:
+        """The first setting's search: from the values either side of the boundary the baseline's KV capacity
+        predicts (none to probe where every value fits), else from both ends."""
+        others = self.settings[0]
+        dist = probe_distribution(self.view, self.knob, others)
+        search = BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
+                                     parallel=self.slots)
+        flags, baseline = self.view.candidate_flags(others), self.view.baseline_flags
+
+        def differ(keys: set[str]) -> bool:
+            return any(flags.get(k) != baseline.get(k) for k in keys)
+
+        keys = (set(flags) | set(baseline)) - {self.knob}
+        if self.knob != "max_num_seqs" or self.capacity is None or differ(keys - KV_NEUTRAL):
+            return search
+        values = search.boundary.values
+        holds = (f"probes: the KV cache the baseline's engine reported holds {self.capacity} requests of this "
+                 f"work at full length")
+        most = min(values[-1], in_flight(self.work))
+        self.roomy = self.capacity >= 2 * most  # no token budget's activation memory takes half of the cache
+        if self.capacity >= most:
+            fits = f"{holds}, {'twice ' if self.roomy else ''}as many as any {self.knob} in the range runs at once"
+            if differ(keys) and not self.roomy:  # another token budget may move the memory profile: confirm it
+                self.runner.say(f"{fits}: one probe at {self.knob}={values[-1]} confirms it")
+                return BoundarySearch.over(self.knob, dist, others, parallel=self.slots, near=(values[-1],),
+                                           max_preemptions=self.view.settings.max_preemptions, direction="up",
+                                           recheck=False)
+            search.boundary.proven, search.boundary.expected = True, "up"
+            self.runner.say(f"{fits}: none can preempt, and none is probed")
+            return search
+        near = tuple(v for v in (max((v for v in values if v <= self.capacity), default=None),
+                                 min((v for v in values if v > self.capacity), default=None)) if v is not None)
+        short = probe_work(self.knob, near[-1], self.work, self.view.settings.max_preemptions)
+        self.runner.say(f"{holds}: the boundary is probed from {self.knob}=" + " and ".join(map(str, near))
+                        + (f", each probe {PROBE_WAVES} waves of its own batch" if short else ""))
+        return BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
+                                   parallel=self.slots, near=near, direction="up", recheck=True, gallop=True)
+
+    def baseline_in(self, record: dict[str, Any], *, basis: str) -> None:
+        """The baseline's run of this work is in: what its KV capacity predicts, and the plan."""
+        self.view.findings.baseline_probe = record
+        self.capacity = capacity(record, self.work)
+        self.searches.append(self.first())
+        say_plan(self.runner, basis=f"{basis} (every run taken to be as long; again after the probes)")
 
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
         near = (leader.values[clean], leader.values[dirty]) if leader.settled and leader.exact() else None
-        return [BoundarySearch.over(self.knob, probe_distribution(self.view, self.knob, others), others,
-                                    max_preemptions=self.view.settings.max_preemptions,
-                                    parallel=max(1, self.slots // (len(self.settings) - 1)), near=near,
-                                    direction=leader.direction)
-                for others in self.settings[1:]]
+        searches, clean_throughout = [], leader.settled and dirty is None and leader.direction == "up"
+        for others in self.settings[1:]:
+            dist = probe_distribution(self.view, self.knob, others)
+            top = (knob_values(dist)[-1],)  # clean throughout: the top of its own range, once, confirms it
+            search = BoundarySearch.over(self.knob, dist, others, max_preemptions=self.view.settings.max_preemptions,
+                                         parallel=max(1, self.slots // (len(self.settings) - 1)),
+                                         near=top if clean_throughout else near, direction=leader.direction,
+                                         noisy=leader.noisy)
+            search.boundary.proven = leader.proven and self.roomy  # (twice what any value runs at once)
+            searches.append(search)
+        return searches
 
     def next(self, slot: int) -> Comparison | None:
+        if (gone := spent(self.runner)) is not None:
+            key, value, why = gone
+            raise SweepStopped(f"{key}={value:g} was spent during the probes ({why}); every record is kept: raise "
+                               f"{key} and run the same command again to go on")
         if not self.pending:  # the next round of every search that can go on: one probe per slot
             if len(self.searches) == 1 < len(self.settings) and self.searches[0].done():
                 self.searches.extend(self.follow(self.searches[0].boundary))
@@ -54,13 +126,15 @@ class Probes:
             return None
         item = self.pending.pop(0)
         search, index, repeat = item
+        work = None
         if search is None:
             arms, order, key = {BASELINE: dict(self.view.baseline_flags)}, [BASELINE], "probe baseline"
         else:
             params = {**search.boundary.others, self.knob: search.boundary.values[index]}
             arms, order = {CANDIDATE: self.view.candidate_flags(params)}, [CANDIDATE]
             key = f"probe {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} #{repeat}"
-        comp = self.runner.comparison(key, "probe", {}, 1, slot, arms=arms, order=order)
+            work = probe_work(self.knob, params[self.knob], self.work, self.view.settings.max_preemptions)
+        comp = self.runner.comparison(key, "probe", {}, 1, slot, arms=arms, order=order, workload=work)
         comp.probe = item
         return comp
 
@@ -77,7 +151,7 @@ class Probes:
             if not ok:
                 raise BaselineFails(f"the baseline {self.view.baseline_flags} failed ({record.get('reason')}); a "
                                     "comparison against it cannot mean anything: fix what makes it fail and run again")
-            found.baseline_probe = record
+            self.baseline_in(record, basis="the baseline's run time")
             return
         count = record.get("preemptions") if ok else None
         search.add(index, repeat, count)
@@ -105,17 +179,17 @@ def find_boundaries(runner: Runner, view: StudyView) -> None:
     settings = [o for o in settings if probe_distribution(view, knob, o) is not None]  # (all refused: none)
     if not settings:
         return
-    stage = Probes(runner, view, knob, settings)
     runner.say(f"probes: one run per point to find where preemption starts along {knob} "
-               f"({len(stage.searches[0].boundary.values)} values"
+               f"({len(knob_values(view.distributions[knob]))} values"
                + (f", for each of {len(settings)} settings of the other knobs; the others start from the "
                   "first one's boundary where it is exact" if len(settings) > 1 else "") + ")")
+    stage = Probes(runner, view, knob, settings)
     runner.run(stage)
     summaries = []
-    for search in stage.searches:
+    for i, search in enumerate(stage.searches):
         view.findings.boundaries[flags_key(search.boundary.others)] = search.boundary
-        summaries.append({**search.boundary.summary(), "predicted_last_clean": predicted(view, search.boundary,
-                                                                                          runner.workload_key)})
+        summaries.append({**search.boundary.summary(), "predicted_last_clean": predicted(
+            view, search.boundary, stage.work, stage.capacity if i == 0 else None)})
     view.study.set_user_attr("boundaries", summaries)
     choose_reference(runner, view)
     tell_probes(view)
@@ -138,16 +212,14 @@ def other_settings(view: StudyView) -> list[dict[str, Any]] | None:
     return [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
 
 
-def predicted(view: StudyView, boundary: Boundary, workload_key: dict[str, Any]) -> int | None:
-    """The last clean max_num_seqs the engine's reported KV capacity predicts for this fixed work."""
-    if boundary.knob != "max_num_seqs" or not boundary.probed:
+def predicted(view: StudyView, boundary: Boundary, work: dict[str, Any], baseline: int | None) -> int | None:
+    """The last clean max_num_seqs the engine's reported KV capacity predicts for this fixed work: from the
+    setting's own first probe, else what the baseline's predicted (`baseline`)."""
+    if boundary.knob != "max_num_seqs":
         return None
-    record = view.findings.probe_records.get((flags_key(boundary.others), boundary.probed[0])) or {}
-    kv = record.get("kv_cache") or {}
-    work = workload_key.get("workload") or {}
-    if work.get("length_dist") != "fixed" or work.get("jsonl") or not kv.get("blocks"):
-        return None
-    return predicted_last_clean(kv["blocks"], kv["block_size"], [work["prompt_len"] + work["output_len"]])
+    first = sorted(boundary.counts)[:1]
+    record = view.findings.probe_records.get((flags_key(boundary.others), first[0])) if first else None
+    return capacity(record, work) if record is not None else baseline
 
 
 def choose_reference(runner: Runner, view: StudyView) -> None:
@@ -197,7 +269,7 @@ def tell_probes(view: StudyView) -> None:
     for others, boundary in view.findings.boundaries.items():
         if not boundary.settled:
             continue
-        for index in boundary.probed:
+        for index in sorted(boundary.counts):
             record = view.findings.probe_records[(others, index)]
             count = boundary.counts[index][0]
             cost = view.probe_cost(record)

@@ -67,6 +67,7 @@ class Comparison:
     thresholds: Thresholds | None = None  # what each look tests at (alpha spent over the looks)
     stopped: str | None = None  # why it stopped at a look before its planned end
     probe: tuple[Any, ...] | None = None  # a probe: (search, value index, repeat), or ("schedule",)
+    workload: dict[str, Any] | None = None  # what its runs change in the workload (a probe's shorter work)
     family: int = 1  # confirmations judged together (their alpha is shared)
     ranked: bool = False  # a confirmation that must also be told apart from others confirmed with it
     joint: dict[str, int] | None = None  # several candidates sharing the baseline's runs: arm label -> trial
@@ -133,11 +134,13 @@ class Runner:
 
     def comparison(self, key: str, stage: str, params: Mapping[str, Any], replicates: int, slot: int,
                    lead: str = BASELINE, *, arms: Mapping[str, Mapping[str, Any]] | None = None,
-                   order: Sequence[str] | None = None, family: int = 1, ranked: bool = False) -> Comparison:
+                   order: Sequence[str] | None = None, family: int = 1, ranked: bool = False,
+                   workload: Mapping[str, Any] | None = None) -> Comparison:
         """The comparison to run for `key`, decided from the records (`settle`): a complete one is reused,
         and so is one that stopped at a look where the stopping rule says it is decided; one to redo is left
         as it is and the work starts afresh under the next key ('trial-4' -> 'trial-4~1'). `arms` and
-        `order` replace the interleaved schedule (a probe: one run of one arm)."""
+        `order` replace the interleaved schedule (a probe: one run of one arm); `workload`, what its runs change in
+        the workload (a probe's shorter work)."""
         s = self.settings
         planned = order is None
         if arms is None:
@@ -151,13 +154,15 @@ class Runner:
         thresholds = per_look(s.thresholds, len(looks), family)
         discarded, faults, partial, taken = [], 0, None, 0
         while True:
-            cid = comparison_id(arms, list(order), {**self.workload_key, "key": key, "stage": stage})
+            cid = comparison_id(arms, list(order), {**self.workload_key, "key": key, "stage": stage,
+                                                    **({"changed": dict(workload)} if workload else {})})
             done = measured_positions(self.records, cid)
             fault = fault_of(done)
             last = fault is not None and faults + 1 >= MAX_ATTEMPTS  # the attempts are spent: give up on it
             comp = Comparison(key, stage, dict(arms), list(order), cid, slot, records=done, discarded=discarded,
                               faults=faults, looks=looks, thresholds=thresholds, family=family, ranked=ranked,
-                              skipped_looks=min(taken, len(looks) - 1))
+                              skipped_looks=min(taken, len(looks) - 1),
+                              workload=dict(workload) if workload else None)
             if settle(done, len(order)) != "redo" or last:
                 if partial and not done and stage != "probe":
                     self.say(f"{stage} {partial[0]}: an earlier run left it partial ({partial[1]} of {len(order)} "
@@ -288,7 +293,8 @@ class Runner:
                    "runs_planned": len(comp.order), "looks": comp.looks,  # where it may end: a whole comparison
                    "trial": trial, **({"confirmed_together": sorted(comp.joint.values())} if comp.joint else {}),
                    "warmup": self.settings.warmup_replicate and position == 0 and comp.probe is None,
-                   "slots": 1 if alone else len(self.pool.slots)}  # how many measured side by side
+                   "slots": 1 if alone else len(self.pool.slots),  # how many measured side by side
+                   **({"workload_changed": comp.workload} if comp.workload else {})}
         if comp.probe is not None:
             message = f"{comp.key} on slot {comp.slot}"
         else:
@@ -300,4 +306,5 @@ class Runner:
             message += "  | " + "  ".join(f"[{s}] {busy.get(s, 'idle')}" for s in self.pool.slots)
         self.progress.step(message, slot=str(comp.slot))
         # a joint comparison's candidates are each the candidate arm of their own view (analysis.candidate_view)
-        self.pool.submit(Job(comp.slot, comp.arms[arm], BASELINE if arm == BASELINE else CANDIDATE, position, context))
+        self.pool.submit(Job(comp.slot, comp.arms[arm], BASELINE if arm == BASELINE else CANDIDATE, position, context,
+                             comp.workload))

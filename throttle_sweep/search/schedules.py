@@ -40,7 +40,8 @@ class ScheduleIndex:
     made for every proposal and every ranking, so they must not rescan the records)."""
 
     def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
-        self._seen: dict[str, set[str]] = {}
+        # flags -> the work's size (None: the whole work; a probe's few waves: its request count) -> schedules
+        self._seen: dict[str, dict[int | None, set[str]]] = {}
         for record in records:
             self.add(record)
 
@@ -52,7 +53,8 @@ class ScheduleIndex:
         replicate = record.get("status") == "ok" and not record.get("warmup") and record.get("stage") != "calibration"
         if mark and replicate:
             hits = (record.get("prefix_cache") or {}).get("hits")
-            self._seen.setdefault(flags_key(record.get("flags") or {}), set()).add(
+            size = (record.get("workload_changed") or {}).get("num_requests")  # a probe's waves: compared alike
+            self._seen.setdefault(flags_key(record.get("flags") or {}), {}).setdefault(size, set()).add(
                 f"{mark}/{record.get('preemptions')}/{hits}")
 
     def __bool__(self) -> bool:
@@ -60,15 +62,19 @@ class ScheduleIndex:
         return bool(self._seen)
 
     def fingerprint(self, flags: Mapping[str, Any]) -> str | None:
-        """The one schedule every measured run of these flags had, or None: none recorded one, or they
-        disagree (the schedule is then not deterministic here, and nothing is merged on it)."""
-        seen = self._seen.get(flags_key(flags), set())
-        return next(iter(seen)) if len(seen) == 1 else None
+        """The one schedule every measured run of these flags had (for each size of work run), or None: none
+        recorded one, or they disagree (the schedule is then not deterministic here, and nothing is merged on
+        it)."""
+        seen = self._seen.get(flags_key(flags), {})
+        if not seen or any(len(marks) != 1 for marks in seen.values()):
+            return None
+        return " ".join(f"{size}:{next(iter(marks))}" for size, marks in sorted(seen.items(), key=str))
 
     def same(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         """Are two configurations one, as far as cost goes: scheduling knobs apart, the same flags, and the
-        same recorded schedule?"""
-        if not differs_in_scheduling_only(a, b):
+        same recorded schedule on every size of work both ran?"""
+        if not differs_in_scheduling_only(a, b) or self.fingerprint(a) is None or self.fingerprint(b) is None:
             return False
-        mark = self.fingerprint(a)
-        return mark is not None and mark == self.fingerprint(b)
+        ours, theirs = self._seen[flags_key(a)], self._seen[flags_key(b)]
+        common = set(ours) & set(theirs)
+        return bool(common) and all(ours[size] == theirs[size] for size in common)
