@@ -51,6 +51,10 @@ def positive(value: object, key: str) -> float:
 
 
 def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
+    if spec.trace is not None:
+        raise ConfigError(f"workload.trace={spec.trace!r}: mode=capacity and the goodput sweep search the arrival "
+                          "rate, and searching a trace's speed-up instead is not supported yet; replay the trace in "
+                          "mode=measure or mode=compare at a speed-up you choose (workload.trace_speed)")
     slo = Slo(**plain(cfg.slo))
     slo.check()
     c = plain(cfg.capacity)
