@@ -155,3 +155,26 @@ def test_capacity_and_the_goodput_sweep_refuse_a_trace_for_now(tmp_path, mode):
                       "slo.p95_ttft_s=1", "slo.p95_tpot_s=0.1", tmp_path=tmp_path)
     with pytest.raises(ConfigError, match=r"workload.trace.*not supported yet.*trace_speed"):
         (load_capacity if mode == "capacity" else load_goodput)(cfg)
+
+
+def test_the_shipped_trace_is_the_scripts_and_has_bursts_and_shared_prefixes_within_the_tiny_model(tmp_path):
+    import subprocess
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    shipped = root / "examples" / "mooncake-synthetic.jsonl"
+    subprocess.run([sys.executable, str(root / "scripts" / "make_trace.py"), str(tmp_path / "t.jsonl")], check=True,
+                   capture_output=True)
+    assert (tmp_path / "t.jsonl").read_text() == shipped.read_text()
+    spec = WorkloadSpec(loop="open", trace=str(shipped), trace_block_size=128)
+    spec.check(max_model_len=1024)  # every request fits the embedded tiny model
+    lines = [json.loads(line) for line in shipped.read_text().splitlines()]
+    times = [line["timestamp"] for line in lines]
+    busiest = max(sum(t <= u < t + 200 for u in times) for t in times)
+    assert busiest >= 6 > 5 * len(times) * 200 / times[-1]  # bursts: 6 in 200 ms, over 5 times the mean rate
+    uses = Counter(h for line in lines for h in line["hash_ids"])
+    assert sum(n for n in uses.values() if n > 1) > len(lines)  # more than one shared block a request
+    reqs = make_requests(spec)
+    assert [r.prompt_len for r in reqs] == [line["input_length"] for line in lines]
