@@ -219,7 +219,8 @@ def _line(where: str, lineno: int, rec: dict[str, Any], keys: tuple[str, ...], b
     if len(ids) > holds:
         raise ConfigError(f"{where}: {len(ids)} hash_ids of {block_size} tokens each, but its {rec[prompt_key]} "
                           f"prompt tokens hold {holds} block{'s' if holds != 1 else ''}; is "
-                          f"workload.trace_block_size={block_size} the trace's block size? (Mooncake's is 512)")
+                          f"workload.trace_block_size={block_size} the trace's block size?"
+                          + (" (Mooncake's is 512)" if block_size != 512 else ""))
     return TraceLine(lineno, at / 1000 if keys == MOONCAKE else float(at), rec[prompt_key], rec[output_key],
                      tuple(ids))
 
