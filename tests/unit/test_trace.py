@@ -144,17 +144,49 @@ def test_workload_trace_composes_and_counts_the_requests_it_replays(tmp_path):
         workload_from(compose_cfg("workload=trace", f"workload.trace={path}", "workload.num_requests=2"))
 
 
-@pytest.mark.parametrize("mode", ["capacity", "goodput"])
-def test_capacity_and_the_goodput_sweep_refuse_a_trace_for_now(tmp_path, mode):
-    from throttle_sweep.settings.capacity import load_capacity
+def test_capacity_searches_the_traces_speed_up_and_says_how_many_times_faster_it_still_meets_the_slo(tmp_path):
+    from rich.console import Console
+
+    from throttle_sweep.commands import capacity as capacity_cmd
+    from throttle_sweep.records import read_records
+
+    times = [round(i * 200 + 150 * (i % 3 == 0)) for i in range(120)]  # 5 req/s on average, some pairs close
+    path = mooncake(tmp_path, [row(ms, 24, 8, [0, 1]) for ms in times])
+    console = Console(record=True, width=200)
+    cfg = compose_cfg("mode=capacity", "run=cap", "backend=fake", "workload=trace", f"workload.trace={path}",
+                      "workload.trace_block_size=16", "slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05", "plots=false",
+                      "capacity.knee_rates=3", "capacity.knee_replicates=2", tmp_path=tmp_path)
+    assert capacity_cmd.run(cfg, console) == 0, console.export_text()
+    said = console.export_text()
+    trace_rps = 119 / ((times[-1] - times[0]) / 1000)  # the trace's mean rate at speed 1
+    records = read_records(tmp_path / "cap" / "replicates.jsonl")
+    assert records[0]["workload"]["rate"] == pytest.approx(trace_rps)  # the search starts at the trace's own pace
+    for r in records:  # each run is the trace, sped up to the rate searched: its arrivals, scaled
+        speed = r["workload"]["trace_speed"]
+        assert speed == pytest.approx(r["workload"]["rate"] / trace_rps)
+        assert [a for a, _, _, _ in r["requests_s"]] == pytest.approx([(t - times[0]) / 1000 / speed for t in times], abs=1e-6)
+    summary = json.loads((tmp_path / "cap" / "summary.json").read_text())
+    assert f"this trace, sped up {summary['capacity_rps'] / trace_rps:.3g} times, still meets the SLO" in said
+
+
+def test_the_goodput_sweep_searches_a_traces_speed_up_too(tmp_path):
     from throttle_sweep.settings.goodput import load_goodput
 
     path = mooncake(tmp_path, [row(ms, 4, 2, [0]) for ms in range(0, 3000, 100)])
-    extra = ["mode=capacity"] if mode == "capacity" else ["mode=sweep", "+space=batching", "study.objective=goodput"]
-    cfg = compose_cfg(*extra, "backend=fake", "workload=trace", f"workload.trace={path}", "workload.trace_block_size=4",
-                      "slo.p95_ttft_s=1", "slo.p95_tpot_s=0.1", tmp_path=tmp_path)
-    with pytest.raises(ConfigError, match=r"workload.trace.*not supported yet.*trace_speed"):
-        (load_capacity if mode == "capacity" else load_goodput)(cfg)
+    cfg = compose_cfg("mode=sweep", "+space=batching", "study.objective=goodput", "backend=fake", "workload=trace",
+                      f"workload.trace={path}", "workload.trace_block_size=4", "slo.p95_ttft_s=1", tmp_path=tmp_path)
+    capacity = load_goodput(cfg).capacity
+    assert capacity.at(20.0)["trace_speed"] == pytest.approx(20.0 / (29 / 2.9))
+
+
+def test_a_trace_arriving_all_at_once_has_no_pace_to_speed_up(tmp_path):
+    from throttle_sweep.settings.capacity import load_capacity
+
+    path = mooncake(tmp_path, [row(0, 4, 2, [0])] * 30)
+    cfg = compose_cfg("mode=capacity", "backend=fake", "workload=trace", f"workload.trace={path}",
+                      "workload.trace_block_size=4", "slo.p95_ttft_s=1", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match=r"all 30 requests .* arrive at 0 s.*no pace to speed up"):
+        load_capacity(cfg)
 
 
 def test_the_shipped_trace_is_the_scripts_and_has_bursts_and_shared_prefixes_within_the_tiny_model(tmp_path):
