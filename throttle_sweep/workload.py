@@ -76,9 +76,9 @@ class WorkloadSpec:
         self._check_shape(source)
         self._check_sources(source)
         self._check_timed(source)
-        if self.trace is not None:
+        if self.trace is not None:  # each line's lengths, named by its line
             check_trace(self, max_model_len=max_model_len, source=source)
-        if max_model_len is not None:
+        elif max_model_len is not None:
             longest = max(r.prompt_len + r.output_len for r in make_requests(self))
             if longest > max_model_len:
                 raise ConfigError(

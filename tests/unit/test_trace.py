@@ -38,6 +38,20 @@ def test_mooncake_requests_keep_their_lengths_arrivals_and_shared_blocks(tmp_pat
     assert reqs == make_requests(spec_for(path))  # the same every replicate
 
 
+def test_lines_as_mooncakes_published_trace_writes_them_replay_with_its_512_token_blocks(tmp_path):
+    # the first lines of Mooncake's mooncake_trace.jsonl, as the projects that replay it quote them
+    path = mooncake(tmp_path, [row(0, 6755, 500, list(range(14))), row(0, 7319, 490, [0, *range(14, 28)]),
+                               row(3052, 7234, 794, [0, *range(28, 42)]), row(3052, 2287, 316, [0, 42, 43, 44, 45])])
+    spec = WorkloadSpec(loop="open", trace=path)  # trace_block_size: 512, Mooncake's
+    spec.check(max_model_len=None)
+    reqs = make_requests(spec)
+    assert [(r.prompt_len, r.output_len, r.arrival_s) for r in reqs] == [
+        (6755, 500, 0.0), (7319, 490, 0.0), (7234, 794, 3.052), (2287, 316, 3.052)]
+    first = reqs[0].prompt_token_ids[:512]
+    assert all(r.prompt_token_ids[:512] == first for r in reqs)  # hash id 0: one shared 512-token block
+    assert reqs[1].prompt_token_ids[512:1024] != reqs[2].prompt_token_ids[512:1024]
+
+
 def test_hash_ids_that_cover_less_than_the_prompt_are_followed_by_tokens_of_its_own(tmp_path):
     path = mooncake(tmp_path, [row(0, 9, 1, [5]), row(0, 9, 1, [5]), row(0, 3, 1, [])])
     a, b, c = (r.prompt_token_ids for r in make_requests(spec_for(path)))
