@@ -77,6 +77,7 @@ def regenerate(page: Path) -> int:
         return 0
     bodies = []
     with tempfile.TemporaryDirectory(prefix="examples-") as scratch:  # in page order: a later one may read an earlier
+        (Path(scratch) / "examples").symlink_to(ROOT / "examples")  # the shipped inputs, as from the checkout
         for first, last in found:
             body = []
             for command in commands(lines[first:last + 1]):

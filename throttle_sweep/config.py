@@ -40,6 +40,12 @@ class WorkloadConf:
     replicate_s: float | None = None  # size the work by time, from one calibration run of the baseline
     target_rps: float | None = None  # a goodput sweep: the traffic to serve, which sizes the replicas
     arrival_seed: int | None = None  # open loop: the arrivals' own random stream (null: seed)
+    trace: str | None = None  # a timed trace replayed (workload=trace; throttle_sweep/trace.py)
+    trace_speed: float = 1.0
+    trace_start_s: float = 0.0
+    trace_span_s: float | None = None
+    trace_max_requests: int | None = None
+    trace_block_size: int = 512
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Literal
 
 from throttle_sweep.engines.base import EngineSession, Request
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.trace import check_trace, trace_rows
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class WorkloadSpec:
     # open loop: the arrivals' own random stream (null: `seed`). Replicates of a capacity run at one rate take
     # different ones, so that their spread includes which schedule was drawn (capacity/search.py)
     arrival_seed: int | None = None
+    # a timed trace replayed (trace.py): its lengths, shared prefix blocks and arrival times, in an open loop
+    trace: str | None = None  # Mooncake JSONL, or a CSV/JSONL of arrival_s, prompt_tokens, output_tokens
+    trace_speed: float = 1.0  # time scale: 2 replays it twice as fast
+    trace_start_s: float = 0.0  # the window, on the trace's own clock: from here ...
+    trace_span_s: float | None = None  # ... this long (null: to the end)
+    trace_max_requests: int | None = None  # at most this many of the window's requests (null: all)
+    trace_block_size: int = 512  # prompt tokens a Mooncake hash id stands for (512 in Mooncake's traces)
 
     def warmup_count(self, batch: int | None = None) -> int:
         """`batch`: the most the engine runs at once (max_num_seqs): more warm-up requests than that would only
@@ -68,7 +76,9 @@ class WorkloadSpec:
         self._check_shape(source)
         self._check_sources(source)
         self._check_timed(source)
-        if max_model_len is not None:
+        if self.trace is not None:  # each line's lengths, named by its line
+            check_trace(self, max_model_len=max_model_len, source=source)
+        elif max_model_len is not None:
             longest = max(r.prompt_len + r.output_len for r in make_requests(self))
             if longest > max_model_len:
                 raise ConfigError(
@@ -83,7 +93,7 @@ class WorkloadSpec:
             raise ConfigError(f"{source}.length_spread must be in [0, 1), but got {self.length_spread!r}")
         if self.loop not in ("closed", "open"):
             raise ConfigError(f"{source}.loop must be 'closed' or 'open', but got {self.loop!r}")
-        if self.loop == "open" and (self.rate is None or self.rate <= 0):
+        if self.loop == "open" and self.trace is None and (self.rate is None or self.rate <= 0):
             raise ConfigError(f"{source}.rate must be > 0 requests/s for an open loop, but got {self.rate!r}")
 
     def _check_timed(self, source: str) -> None:
@@ -107,7 +117,7 @@ class WorkloadSpec:
 
     def _check_sources(self, source: str) -> None:
         """Where requests come from: a file, and how prompt text is made."""
-        for key in ("jsonl", "sharegpt"):
+        for key in ("jsonl", "sharegpt", "trace"):
             if getattr(self, key) is not None and not Path(getattr(self, key)).is_file():
                 raise ConfigError(f"{source}.{key}: no such file {getattr(self, key)!r}")
         if self.jsonl is not None and self.sharegpt is not None:
@@ -154,7 +164,10 @@ def make_requests(spec: WorkloadSpec, *, warmup: bool = False, batch: int | None
     rng = random.Random(spec.seed + (7919 if warmup else 0))
     count = spec.warmup_count(batch) if warmup else spec.num_requests
     prefix = "warmup-" if warmup else "req-"
-    if spec.jsonl is not None and not warmup:
+    arrivals = None  # a trace's own; else drawn below
+    if spec.trace is not None and not warmup:
+        rows, arrivals = trace_rows(spec)
+    elif spec.jsonl is not None and not warmup:
         rows = _read_jsonl(Path(spec.jsonl), spec)
     elif spec.sharegpt is not None and not warmup:
         rows = [(ids or tuple(rng.randrange(10, spec.vocab_limit) for _ in range(n_in)), None, n_out)
@@ -174,7 +187,9 @@ def make_requests(spec: WorkloadSpec, *, warmup: bool = False, batch: int | None
     gaps = random.Random(f"arrivals/{spec.seed if spec.arrival_seed is None else spec.arrival_seed}")
     arrival, requests = 0.0, []
     for i, (token_ids, text, output_len) in enumerate(rows):
-        if spec.loop == "open" and not warmup and i > 0:
+        if arrivals is not None:
+            arrival = arrivals[i]
+        elif spec.loop == "open" and not warmup and i > 0:
             arrival += gaps.expovariate(1.0) / spec.rate
         requests.append(Request(f"{prefix}{i}", output_len, token_ids, text, arrival))
     return requests

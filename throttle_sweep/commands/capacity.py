@@ -37,9 +37,11 @@ def run(cfg: DictConfig, console: Console) -> int:
         log = RecordLog(out / "replicates.jsonl", say=say)
         search = settings.search
         replay(search, log.records, settings)
-        say(f"capacity of {flags} on {engine.name}: {slo.words()}; Poisson arrivals over at least "
-            f"{settings.run_s:g} s and {spec.num_requests} requests a run, the first {settings.settle_share:.0%} of "
-            f"each run's schedule not counted -> {log.path}")
+        arrivals = (f"Poisson arrivals over at least {settings.run_s:g} s and {spec.num_requests} requests a run"
+                    if settings.trace_rps is None else f"the trace's {spec.num_requests} requests a run, sped up to "
+                    f"each rate (its own pace: {settings.trace_rps:.3g} req/s)")
+        say(f"capacity of {flags} on {engine.name}: {slo.words()}; {arrivals}, the first "
+            f"{settings.settle_share:.0%} of each run's schedule not counted -> {log.path}")
         if search.runs:
             say(f"resuming: {len(search.runs)} runs already measured")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **r.warm)
@@ -63,6 +65,10 @@ def run(cfg: DictConfig, console: Console) -> int:
     show(knee, say)
     for line in sentences(result, search, slo):
         say(line)
+    if settings.trace_rps is not None and result.get("capacity_rps") is not None:
+        low, high = (x / settings.trace_rps if x is not None else None for x in result.get("capacity_ci", [None] * 2))
+        say(f"this trace, sped up {result['capacity_rps'] / settings.trace_rps:.3g} times, still meets the SLO"
+            + (f" (95% CI [{low:.3g}, {high:.3g}] times)" if low is not None and high is not None else ""))
     if r.plots and ok:
         plot(ok, [attainment_share(r, settings) for r in ok], knee, slo, out / "capacity.png")
         say(f"plot: {out / 'capacity.png'}")

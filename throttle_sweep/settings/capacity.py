@@ -34,12 +34,16 @@ class CapacitySettings:
     settle_share: float
     spec: WorkloadSpec  # an open loop; its rate is the first run's
     run_s: float
+    trace_rps: float | None = None  # a trace's mean arrival rate at speed 1: a rate searched is a speed-up of it
 
     def at(self, rate: float, replicate: int = 0) -> dict[str, Any]:
         """The workload of a run at `rate`: arrivals spanning at least run_s, so that a fast rate still reaches
         a steady queue (a fixed count would arrive at once and drain, whatever the engine's capacity). The
         `replicate`-th run at a rate draws its own arrival schedule (the same prompts): which schedule a run
-        drew is part of its noise, which replicates that shared one would never show."""
+        drew is part of its noise, which replicates that shared one would never show. A trace is replayed
+        whole, sped up to `rate` on average: its own arrival schedule, every replicate."""
+        if self.trace_rps is not None:
+            return {"loop": "open", "rate": rate, "trace_speed": rate / self.trace_rps}
         return {"loop": "open", "rate": rate, "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s)),
                 "arrival_seed": self.spec.seed + replicate}
 
@@ -51,12 +55,13 @@ def positive(value: object, key: str) -> float:
 
 
 def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
+    trace_rps = None if spec.trace is None else mean_rate(spec)
     slo = Slo(**plain(cfg.slo))
     slo.check()
     c = plain(cfg.capacity)
     start = c["rate_start"]
     if start is None:
-        start = spec.rate if spec.loop == "open" and spec.rate else 1.0
+        start = trace_rps or (spec.rate if spec.loop == "open" and spec.rate else 1.0)
     start = positive(start, "capacity.rate_start")
     low, high = positive(c["min_rate"], "capacity.min_rate"), positive(c["max_rate"], "capacity.max_rate")
     if not low < start < high:
@@ -84,7 +89,21 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
     search = RateSearch(start=start, target=slo.attainment, rel_tol=c["rel_tol"], knee_rates=c["knee_rates"],
                         knee_replicates=c["knee_replicates"], knee_margin=c["knee_margin"], min_rate=low,
                         max_rate=high)
-    return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start), float(c["run_s"]))
+    return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start), float(c["run_s"]),
+                            trace_rps)
+
+
+def mean_rate(spec: WorkloadSpec) -> float:
+    """A trace's requests per second at speed 1, over its window: what a rate searched is a speed-up of."""
+    from throttle_sweep.trace import replayed
+
+    lines = replayed(replace(spec, trace_speed=1.0))
+    span = lines[-1].at_s - lines[0].at_s
+    if span <= 0:
+        raise ConfigError(f"workload.trace {spec.trace!r}: all {len(lines)} requests of its window arrive at "
+                          f"{lines[0].at_s:g} s, so the trace has no pace to speed up; mode=capacity and the goodput "
+                          "sweep search a trace's speed-up: give a trace whose arrivals spread over time")
+    return (len(lines) - 1) / span
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from throttle_sweep.engines.model_source import check_model_reachable
 from throttle_sweep.errors import ConfigError, nearest
 from throttle_sweep.models import TINY_QWEN2, model_config
 from throttle_sweep.stats import Thresholds
+from throttle_sweep.trace import counted
 from throttle_sweep.workload import WorkloadSpec
 
 
@@ -51,7 +52,7 @@ def workload_from(cfg: DictConfig) -> WorkloadSpec:
     model = (plain(cfg.engine) or {}).get("model")
     if spec.sharegpt is not None and spec.tokenizer is None and model is not None:
         spec = replace(spec, tokenizer=model)
-    return spec
+    return counted(spec, named=chosen("workload") == "trace", overrides=user_overrides())
 
 
 def engine_from(cfg: DictConfig) -> Engine:
