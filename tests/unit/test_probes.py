@@ -82,6 +82,8 @@ def test_a_range_whose_every_value_fits_the_kv_cache_is_not_probed():
     assert (found["last_clean"], found["first_preempting"], found["settled"]) == (2048, None, True)
     assert sweep.view.known_feasible({"max_num_seqs": 1}) and sweep.view.known_feasible({"max_num_seqs": 2048})
     assert "no probe" in describe(found, found["predicted_last_clean"])
+    plans = [line for _, line in notes.lines if line.startswith("plan: ")]
+    assert len(plans) == 1 and "again after" not in plans[0]  # no probe ran: nothing to say the plan again for
 
 
 def test_the_dollar_budget_stops_the_probes_with_every_record_kept():

@@ -18,7 +18,7 @@ import optuna
 
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.pool import Pool
-from throttle_sweep.search.budget import say_plan
+from throttle_sweep.search.budget import projected, say_plan
 from throttle_sweep.search.confirm import confirm
 from throttle_sweep.search.events import SweepProgress
 from throttle_sweep.search.options import SweepSettings
@@ -70,7 +70,9 @@ class Sweep:
         view.findings.reference = dict(told.params) if told is not None else None
         self.find_boundaries()
         self.grid = arranged(view, self.grid)
-        plan = say_plan(runner, basis="the probes' run times")
+        # said once the baseline ran (probes.py); again only if probes ran since, with their times
+        probed = any(view.findings.probe_runs.values())
+        plan = say_plan(runner, basis="the probes' run times") if probed else projected(runner)
         stopped_by = self.search(plan)
         confirmations = self.confirm()
         winner, tied = choose_winner(confirmations, s.thresholds.alpha)

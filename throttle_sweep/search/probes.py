@@ -95,7 +95,7 @@ class Probes:
         self.view.findings.baseline_probe = record
         self.capacity = capacity(record, self.work)
         self.searches.append(self.first())
-        say_plan(self.runner, basis=f"{basis} (every run taken to be as long; again after the probes)")
+        say_plan(self.runner, basis=f"{basis} (every run taken to be as long, until probes say more)")
 
     def follow(self, leader: Boundary) -> list[BoundarySearch]:
         clean, dirty = leader.edge()
