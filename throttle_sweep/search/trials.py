@@ -21,7 +21,7 @@ SCHEDULE_ATTRS = ("verdict", "ratio", "ci", "p_value", "se_log", "df", "preempti
                   "p95_ttft_s", "p95_tpot_s", "p95_itl_s", "p95_e2e_s", "usd_per_mtok", "record_ids", "ran_on",
                   "constraints", "constraint_names")
 # what a trial is told from probes, not from a comparison of its own
-NOT_COMPARED = ("probe", "boundary", "schedule")
+NOT_COMPARED = ("probe", "boundary", "schedule", "baseline")  # answered without a comparison of their own
 
 
 def broken_constraints(attrs: Mapping[str, Any], settings: SweepSettings) -> list[str]:
