@@ -179,10 +179,11 @@ def find_boundaries(runner: Runner, view: StudyView) -> None:
     settings = [o for o in settings if probe_distribution(view, knob, o) is not None]  # (all refused: none)
     if not settings:
         return
-    runner.say(f"probes: one run per point to find where preemption starts along {knob} "
+    runner.say(f"probes: where preemption starts along {knob} "
                f"({len(knob_values(view.distributions[knob]))} values"
                + (f", for each of {len(settings)} settings of the other knobs; the others start from the "
-                  "first one's boundary where it is exact" if len(settings) > 1 else "") + ")")
+                  "first one's boundary where it is exact" if len(settings) > 1 else "")
+               + "), predicted from the KV capacity the baseline's run reports and probed near the prediction")
     stage = Probes(runner, view, knob, settings)
     runner.run(stage)
     summaries = []
