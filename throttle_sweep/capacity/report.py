@@ -40,7 +40,8 @@ def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str
                    goodput_ci=[low["goodput_tokens_per_s"], high["goodput_tokens_per_s"]],
                    usd_per_mtok_at_capacity=point["usd_per_mtok"],
                    usd_per_mtok_ci=[high["usd_per_mtok"], low["usd_per_mtok"]],  # more capacity, cheaper
-                   rates=[{"rate": lv.rate, "runs": lv.runs, "attainment": lv.attainment, "verdict": lv.verdict}
+                   rates=[{"rate": lv.rate, "runs": lv.runs, "attainment": lv.attainment, "met": lv.met,
+                           "counted": lv.counted, "verdict": lv.verdict}
                           for lv in knee.levels])
     best = search.best()
     if search.status == NEVER_MET and best is not None:

@@ -115,6 +115,6 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
 def show(knee: Knee | None, say: Any) -> None:
     if knee is None:
         return
-    say("rate (req/s)  runs  mean attainment  verdict (one-sided, alpha/2)")
+    say("rate (req/s)  runs  attainment: requests that met the SLO, all its runs  verdict (one-sided, alpha/2)")
     for lv in knee.levels:
-        say(f"{lv.rate:12.4g}  {lv.runs:4d}  {lv.attainment:15.1%}  {lv.verdict}")
+        say(f"{lv.rate:12.4g}  {lv.runs:4d}  {lv.attainment:6.1%} ({lv.met}/{lv.counted})  {lv.verdict}")
