@@ -7,9 +7,9 @@ each run's met count lies from the pooled share times its count. At each rate, a
 rate's own runs says whether the share is above the target (the SLO holds) or below it. It is taken on the
 log of the share of requests that missed, not on the share itself: runs' shares are skewed (most near the
 top, a few that a burst of arrivals sank), and a t test of the share on a handful of such runs says 'holds'
-too often. The log corrects part of that; steeper scales corrected all of it on the fake engine, but called a
-rate whose few misses fell in one run unclear (docs/statistics.md). Its variance is at least the binomial's
-at the target. The
+too often near the target; the log corrects part of that. Far below the allowance the log's slope is capped
+(at a third of the allowed misses): there a rate whose few misses fell in one run would otherwise never hold
+(docs/statistics.md). Its variance is at least the binomial's at the target. The
 lower bound is the highest rate of the run of rates, tested upward from the lowest, that all hold beyond
 doubt; the upper bound the lowest of those, tested downward from the highest, that all fail beyond doubt.
 Testing in a fixed order, each side errs with at most alpha/2 whatever the curve's shape (a line through the
@@ -63,17 +63,21 @@ def pooled_share(runs: Sequence[tuple[int, int]]) -> tuple[float, float]:
     return share, math.sqrt(spread / (k * (k - 1) * (counted / k) ** 2))
 
 
+SLOPE_FLOOR = 1 / 3  # the log's slope is taken at no fewer missed than this share of the allowed
+
+
 def verdict(runs: Sequence[tuple[int, int]], target: float, alpha: float) -> str:
     """holds | fails | unclear: the pooled share above or below `target` beyond doubt, one-sided at alpha/2
     on the runs' k - 1 df, on the log of the share that missed (no misses read as half a miss over all
-    counted), by the delta method; its variance at least the binomial's at the target (runs where every
-    request, or none, met the SLO show no spread, yet say no more than their request count allows)."""
+    counted), by the delta method with its slope capped at SLOPE_FLOOR of the allowed share; its variance at
+    least the binomial's at the target (runs where every request, or none, met the SLO show no spread, yet say
+    no more than their request count allows)."""
     if len(runs) < 2:
         return "unclear"
     share, se = pooled_share(runs)
     counted = sum(n for _, n in runs)
     missed, allowed = max(1 - share, 0.5 / counted), 1 - target
-    var = max((se / missed) ** 2, target / (allowed * counted))
+    var = max((se / max(missed, SLOPE_FLOOR * allowed)) ** 2, target / (allowed * counted))
     margin = math.log(allowed / missed)  # > 0: fewer missed than the SLO allows
     half = t_quantile(1 - alpha / 2, len(runs) - 1) * math.sqrt(var)
     return "holds" if margin > half else "fails" if margin < -half else "unclear"
