@@ -214,8 +214,7 @@ def test_a_baseline_cheaper_than_every_configuration_is_the_answer_and_nothing_i
     (tmp_path / "g" / "best").mkdir(parents=True)
     code, said = run(tmp_path, "baseline.max_num_seqs=16", "space.max_num_seqs.high=2", "study.n_trials=2")
     assert code == 1, said
-    assert ("no configuration tried is cheaper than the baseline's estimate" in said
-            or "no configuration tried beats it" in said) and "exported:" not in said
+    assert "no configuration was shown cheaper than the baseline" in said and "exported:" not in said
     assert not (tmp_path / "g" / "best").exists() and list((tmp_path / "g").glob("best.superseded-*"))
 
 
@@ -252,3 +251,16 @@ def test_the_confirmation_draws_fresh_arrival_schedules_shared_by_the_configurat
     assert len({tuple(seeds) for seeds in passes.values()}) == 1
     assert len(set(next(iter(passes.values())))) == 4  # capacity.knee_replicates passes, each its own schedule
 
+
+def test_candidates_no_different_from_the_baseline_export_nothing_and_exit_1(tmp_path):
+    """Every candidate serves as the baseline does (4 sequences at once, whose prefill never fills the token
+    budgets tried): the cheapest estimate then beats the baseline's by chance alone. Only a winner cheaper than
+    the baseline beyond doubt is exported (#46), as in the cost sweep: here none is, so no best/, exit 1, and
+    the sweep says no configuration was shown cheaper."""
+    code, said = run(tmp_path, "engine.max_num_seqs=4", "baseline.max_num_seqs=4", "~space.max_num_seqs",
+                     "space.max_num_batched_tokens.choices=[4096,8192]", "baseline.max_num_batched_tokens=2048",
+                     "study.n_trials=2")
+    assert code == 1, said
+    assert "no configuration was shown cheaper than the baseline" in said and "exported:" not in said
+    assert not (tmp_path / "g" / "best").exists()
+    assert json.loads((tmp_path / "g" / "summary.json").read_text())["winner"] is None

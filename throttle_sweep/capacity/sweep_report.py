@@ -112,17 +112,16 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
                                                                             if (best := cheapest_of(costed, t, target))
                                                                             else None)}
                                 for t, price in sweep.prices.items()}
-    if winner is not None and base is not None and base.cost is not None and not (
-            sort_key(winner, target) < sort_key(base, target) and not cheaper_beyond_doubt(base, winner)):
-        beaten = cheaper_beyond_doubt(base, winner)
-        lines.append(versus_baseline(winner, base) if beaten else "no configuration tried is cheaper than the "
-                     f"baseline's estimate ({versus_baseline(winner, base)})")
-        lines += unconfirmed(sweep, None)
-        summary["winner"] = None
-        return lines, summary, None
     if winner is None:
         lines.append(no_winner(sweep))
         summary["winner"] = None
+        return lines, summary, None
+    if base is None or base.cost is None or not cheaper_beyond_doubt(winner, base):
+        # as the cost sweep: only a saving shown beyond doubt is exported; the cheapest estimate is kept, unclaimed
+        lines.append(not_shown(winner, base, target))
+        lines += unconfirmed(sweep, None)
+        summary["winner"] = None
+        summary["cheapest_not_shown"] = costed_summary(winner, target)
         return lines, summary, None
     low, high = winner.cost_ci
     line = (f"winner: {winner.label} {fmt_params(winner.params)}: capacity {capacity_words(winner)} "
@@ -137,7 +136,7 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
         lines.append("tied with the winner (their cost intervals overlap its own): "
                      + ", ".join(f"{c.label} {fmt_params(c.params)}" for c in tied))
     summary["winner"] = {**costed_summary(winner, target), "tied": [c.label for c in tied],
-                         "cheaper_than_baseline": base is not None and cheaper_beyond_doubt(winner, base)}
+                         "cheaper_than_baseline": True}  # beyond doubt: else nothing is exported
     return lines, summary, winner
 
 
@@ -200,6 +199,18 @@ def versus_baseline(winner: Costed, base: Costed | None) -> str:
                 "capacity has no upper bound there (more runs a rate, capacity.knee_replicates, or more requests "
                 "a run tell more)")
     return f"not told from the baseline (the intervals overlap): {words}"
+
+
+def not_shown(winner: Costed, base: Costed | None, target: float | None) -> str:
+    """No configuration was shown cheaper than the baseline beyond doubt: what the cheapest estimate came to."""
+    head = "no configuration was shown cheaper than the baseline, so none is exported (exit 1)"
+    cheapest = (f"the cheapest estimate is {winner.label} {fmt_params(winner.params)}, ${winner.cost:.4g} per million "
+                f"output tokens {interval(*winner.cost_ci, '.4g')}")
+    if base is None or base.cost is None:
+        return f"{head}: {cheapest}; the baseline found no confirmed capacity to compare it with (see the screen)"
+    if sort_key(winner, target) >= sort_key(base, target):
+        return f"{head}: none tried is cheaper than the baseline even by its estimate; {versus_baseline(winner, base)}"
+    return f"{head}: {cheapest}; {versus_baseline(winner, base)}"
 
 
 def no_winner(sweep: GoodputSweep) -> str:
