@@ -56,6 +56,10 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
     assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
     assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
     assert f"capacity: {summary['capacity_rps']:.3g} req/s, 95% CI [{low:.3g}, {high:.3g}]" in said
+    # what the capacity depends on is said with it (#46 item 1): the runs' length and the warm-up not counted
+    line = next(x for x in said.splitlines() if x.startswith("capacity: "))
+    assert "runs of at least 20 s, the first 20% of each run's arrivals not counted" in line
+    assert (summary["run_s"], summary["settle_share"]) == (20.0, 0.2)
     assert (tmp_path / "cap" / "capacity.png").stat().st_size > 10_000
 
 

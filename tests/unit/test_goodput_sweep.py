@@ -63,6 +63,8 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
     assert winner["usd_per_mtok_at_capacity"] == pytest.approx(
         1.39 / 3600 / (winner["capacity_rps"] * 0.9 * 32) * 1e6)  # 32 output tokens a request
     assert f"for 40 req/s: {fleet['replicas']} replicas" in said
+    runs = "runs of at least 20 s, the first 20% of each run's arrivals not counted"  # what capacities depend on
+    assert all(runs in x for x in said.splitlines() if x.startswith(("screen:", "confirmed:")))
     # the confirmation's runs interleave: at each rate step, every confirmed configuration runs before the next
     runs = [r for r in read_records(folder / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
     k = len(summary["confirmed"])

@@ -9,7 +9,7 @@ from typing import Any
 
 from throttle_sweep.capacity.front import EXTRA_REPLICAS, FleetPoint, fleet_points, pareto
 from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick, sort_key
-from throttle_sweep.capacity.report import per_request_tokens
+from throttle_sweep.capacity.report import per_request_tokens, runs_words
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
 from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
 from throttle_sweep.search.report import fmt_params as sweep_params
@@ -84,14 +84,15 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
            ) -> tuple[list[str], dict[str, Any], Costed | None]:
     """The lines to print, summary.json, and the winner (None: no confirmed capacity)."""
     slo = sweep.settings.slo
-    lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}"]
+    runs = runs_words({"run_s": sweep.settings.run_s, "settle_share": sweep.settings.settle_share})
+    lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}{runs}"]
     lines += [screen_line(sweep, c) for c in [sweep.baseline, *sweep.trials]]
     costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
     if family:
         where = ("interleaved in time across the GPU types' slots (costs on different types are absolute, "
                  "unpaired)" if sweep.prices else "interleaved on one slot")
         lines.append(f"confirmed: fresh knee runs, {where}; 95% intervals adjusted for {len(family)} "
-                     "configurations (Bonferroni), so that they hold together")
+                     f"configurations (Bonferroni), so that they hold together{runs}")
         lines += [confirmed_line(c, target) for c in costed]
     if sweep.prices:
         lines += type_lines(sweep, costed, target)

@@ -58,7 +58,8 @@ def run(cfg: DictConfig, console: Console) -> int:
     ok = [r for r in log.records if measured(r)]
     knee = fit_knee([(r.rate, r.met, r.counted) for r in search.knee_runs], slo.attainment) \
         if search.status == FOUND else None
-    result = summary(search, knee, ok, slo, price.charged(flags))
+    result = {**summary(search, knee, ok, slo, price.charged(flags)), "run_s": settings.run_s,
+              "settle_share": settings.settle_share}  # what the capacity depends on, said with it
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     show(knee, say)
     for line in sentences(result, search, slo):
