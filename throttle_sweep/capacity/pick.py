@@ -29,7 +29,7 @@ class Costed:
 
     @property
     def rate(self) -> float | None:
-        """The capacity estimate; where the knee runs' mean attainment kept the target at every rate, the
+        """The capacity estimate; where the knee runs' pooled share kept the target at every rate, the
         highest of them (`at_least`): a configuration its confirmation places too low is kept, censored there,
         whether or not a rate held beyond doubt (its interval says that)."""
         return self.knee.capacity_rps if self.knee.capacity_rps is not None else self.knee.at_least

@@ -40,7 +40,8 @@ def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str
                    goodput_ci=[low["goodput_tokens_per_s"], high["goodput_tokens_per_s"]],
                    usd_per_mtok_at_capacity=point["usd_per_mtok"],
                    usd_per_mtok_ci=[high["usd_per_mtok"], low["usd_per_mtok"]],  # more capacity, cheaper
-                   rates=[{"rate": lv.rate, "runs": lv.runs, "attainment": lv.attainment, "verdict": lv.verdict}
+                   rates=[{"rate": lv.rate, "runs": lv.runs, "attainment": lv.attainment, "met": lv.met,
+                           "counted": lv.counted, "verdict": lv.verdict}
                           for lv in knee.levels])
     best = search.best()
     if search.status == NEVER_MET and best is not None:
@@ -68,7 +69,7 @@ def sentences(result: Mapping[str, Any], search: RateSearch, slo: Slo) -> list[s
     else:
         span = ("no 95% interval: no knee rate held or failed beyond doubt (more runs a rate, "
                 "capacity.knee_replicates, tell them apart)")
-    lines = [f"capacity: {cap:.3g} req/s, {span}; with {slo.words()}"]
+    lines = [f"capacity: {cap:.3g} req/s, {span}; with {slo.words()}" + runs_words(result)]
     if result.get("goodput_tokens_per_s"):
         lo, hi = result["usd_per_mtok_ci"]
         lines.append(f"goodput at capacity: {result['goodput_tokens_per_s']:.4g} output tokens/s; "
@@ -76,6 +77,14 @@ def sentences(result: Mapping[str, Any], search: RateSearch, slo: Slo) -> list[s
                      + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else "")
                      + f" ({result['price']})")
     return lines
+
+
+def runs_words(result: Mapping[str, Any]) -> str:
+    """The runs a capacity was read from, which it depends on: their length and the warm-up not counted."""
+    if result.get("run_s") is None:
+        return ""
+    return (f"; runs of at least {result['run_s']:g} s, the first {result.get('settle_share', 0):.0%} of each "
+            "run's arrivals not counted")
 
 
 def plot(records: Sequence[Mapping[str, Any]], attain: Sequence[float], knee: Knee | None, slo: Slo,

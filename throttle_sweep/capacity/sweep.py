@@ -6,7 +6,9 @@ million output tokens, and the replicas a target rate needs.
    tokens at its estimated capacity (the price of the GPUs it holds over its goodput).
 2. Confirm: the `confirm_top` cheapest and the baseline run their knee rates again, fresh, interleaved in time
    (at each rate step every configuration runs before the next step; the next pass backwards), so that drift
-   lands on all of them alike. Each capacity interval is at alpha / (configurations confirmed), so that all
+   lands on all of them alike. Fresh: on arrival schedules the screen never drew (selection on the screen's
+   luck would carry into a confirmation that re-ran it), pass k's the same for every configuration. Each
+   capacity interval is at alpha / (configurations confirmed), so that all
    hold together and disjoint cost intervals differ beyond doubt.
 3. The answer (capacity/pick.py): the cheapest confirmed capacity, at the target rate's replicas if given.
 
@@ -38,6 +40,9 @@ from throttle_sweep.settings.goodput import GPU_TYPE, without_type
 
 SCREEN, CONFIRM = "goodput-screen", "goodput-confirm"
 BASELINE = "baseline"
+# confirmation pass p draws arrival schedule CONFIRM_SCHEDULES + p: a range of its own, far beyond the replicate
+# indices a screen's rate search reaches, so that the luck a configuration was selected on is not re-run
+CONFIRM_SCHEDULES = 1_000_000
 
 
 @dataclass
@@ -171,14 +176,14 @@ class GoodputSweep:
             members = family if p % 2 == 0 else family[::-1]
             steps = range(max(len(r) for r in rates.values()))
             for i in (steps if p % 2 == 0 else reversed(steps)):
-                # pass p draws arrival schedule p for every configuration: common random numbers
-                order += [(c, rates[c.label][i], p) for c in members if i < len(rates[c.label])]
+                # pass p draws one fresh schedule for every configuration: common random numbers
+                order += [(c, rates[c.label][i], CONFIRM_SCHEDULES + p) for c in members if i < len(rates[c.label])]
         replay = {c.label: list(self.recorded.get((CONFIRM, c.label), [])) for c in family}
-        for c, rate, p in order:
+        for c, rate, schedule in order:
             if c.failed:
                 continue
-            record = replayed(replay[c.label], c, rate) if replay[c.label] else self.measure_run(c, rate, CONFIRM,
-                                                                                               "confirm", p)
+            record = replayed(replay[c.label], c, rate, self.settings.at(rate, schedule)["arrival_seed"]) \
+                if replay[c.label] else self.measure_run(c, rate, CONFIRM, "confirm", schedule)
             if record.get("status") != "ok":
                 c.failed = f"failed in confirmation: {record.get('reason')}"
                 self.say(f"  {c.label} {c.failed}; it is out")
@@ -207,10 +212,13 @@ class GoodputSweep:
         return fit_knee(c.confirm_runs, self.settings.slo.attainment, alpha=2 * alpha if one_sided else alpha)
 
 
-def replayed(replay: list[dict[str, Any]], c: Contender, rate: float) -> dict[str, Any]:
-    """The next recorded run of this configuration, which must be the run asked for now."""
+def replayed(replay: list[dict[str, Any]], c: Contender, rate: float, arrival_seed: int | None = None
+             ) -> dict[str, Any]:
+    """The next recorded run of this configuration, which must be the run asked for now (on `arrival_seed`'s
+    schedule, where given)."""
     record = replay.pop(0)
-    if abs(record["workload"]["rate"] - rate) > 1e-9 * rate or record.get("params", {}) != c.params:
+    if abs(record["workload"]["rate"] - rate) > 1e-9 * rate or record.get("params", {}) != c.params or (
+            arrival_seed is not None and record["workload"].get("arrival_seed") != arrival_seed):
         raise ConfigError(f"the records in this run's folder follow another sweep ({c.label} ran at "
                           f"{record['workload']['rate']:g} req/s with {record.get('params')}, where this one asks "
                           f"for {rate:g} with {c.params}): choose another study.name")

@@ -9,7 +9,7 @@ from typing import Any
 
 from throttle_sweep.capacity.front import EXTRA_REPLICAS, FleetPoint, fleet_points, pareto
 from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick, sort_key
-from throttle_sweep.capacity.report import per_request_tokens
+from throttle_sweep.capacity.report import per_request_tokens, runs_words
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
 from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
 from throttle_sweep.search.report import fmt_params as sweep_params
@@ -84,14 +84,15 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
            ) -> tuple[list[str], dict[str, Any], Costed | None]:
     """The lines to print, summary.json, and the winner (None: no confirmed capacity)."""
     slo = sweep.settings.slo
-    lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}"]
+    runs = runs_words({"run_s": sweep.settings.run_s, "settle_share": sweep.settings.settle_share})
+    lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}{runs}"]
     lines += [screen_line(sweep, c) for c in [sweep.baseline, *sweep.trials]]
     costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
     if family:
         where = ("interleaved in time across the GPU types' slots (costs on different types are absolute, "
                  "unpaired)" if sweep.prices else "interleaved on one slot")
         lines.append(f"confirmed: fresh knee runs, {where}; 95% intervals adjusted for {len(family)} "
-                     "configurations (Bonferroni), so that they hold together")
+                     f"configurations (Bonferroni), so that they hold together{runs}")
         lines += [confirmed_line(c, target) for c in costed]
     if sweep.prices:
         lines += type_lines(sweep, costed, target)
@@ -112,17 +113,16 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
                                                                             if (best := cheapest_of(costed, t, target))
                                                                             else None)}
                                 for t, price in sweep.prices.items()}
-    if winner is not None and base is not None and base.cost is not None and not (
-            sort_key(winner, target) < sort_key(base, target) and not cheaper_beyond_doubt(base, winner)):
-        beaten = cheaper_beyond_doubt(base, winner)
-        lines.append(versus_baseline(winner, base) if beaten else "no configuration tried is cheaper than the "
-                     f"baseline's estimate ({versus_baseline(winner, base)})")
-        lines += unconfirmed(sweep, None)
-        summary["winner"] = None
-        return lines, summary, None
     if winner is None:
         lines.append(no_winner(sweep))
         summary["winner"] = None
+        return lines, summary, None
+    if base is None or base.cost is None or not cheaper_beyond_doubt(winner, base):
+        # as the cost sweep: only a saving shown beyond doubt is exported; the cheapest estimate is kept, unclaimed
+        lines.append(not_shown(winner, base, target))
+        lines += unconfirmed(sweep, None)
+        summary["winner"] = None
+        summary["cheapest_not_shown"] = costed_summary(winner, target)
         return lines, summary, None
     low, high = winner.cost_ci
     line = (f"winner: {winner.label} {fmt_params(winner.params)}: capacity {capacity_words(winner)} "
@@ -137,7 +137,7 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
         lines.append("tied with the winner (their cost intervals overlap its own): "
                      + ", ".join(f"{c.label} {fmt_params(c.params)}" for c in tied))
     summary["winner"] = {**costed_summary(winner, target), "tied": [c.label for c in tied],
-                         "cheaper_than_baseline": base is not None and cheaper_beyond_doubt(winner, base)}
+                         "cheaper_than_baseline": True}  # beyond doubt: else nothing is exported
     return lines, summary, winner
 
 
@@ -200,6 +200,18 @@ def versus_baseline(winner: Costed, base: Costed | None) -> str:
                 "capacity has no upper bound there (more runs a rate, capacity.knee_replicates, or more requests "
                 "a run tell more)")
     return f"not told from the baseline (the intervals overlap): {words}"
+
+
+def not_shown(winner: Costed, base: Costed | None, target: float | None) -> str:
+    """No configuration was shown cheaper than the baseline beyond doubt: what the cheapest estimate came to."""
+    head = "no configuration was shown cheaper than the baseline, so none is exported (exit 1)"
+    cheapest = (f"the cheapest estimate is {winner.label} {fmt_params(winner.params)}, ${winner.cost:.4g} per million "
+                f"output tokens {interval(*winner.cost_ci, '.4g')}")
+    if base is None or base.cost is None:
+        return f"{head}: {cheapest}; the baseline found no confirmed capacity to compare it with (see the screen)"
+    if sort_key(winner, target) >= sort_key(base, target):
+        return f"{head}: none tried is cheaper than the baseline even by its estimate; {versus_baseline(winner, base)}"
+    return f"{head}: {cheapest}; {versus_baseline(winner, base)}"
 
 
 def no_winner(sweep: GoodputSweep) -> str:

@@ -60,7 +60,8 @@ def run(cfg: DictConfig, console: Console) -> int:
     ok = [r for r in log.records if measured(r)]
     knee = fit_knee([(r.rate, r.met, r.counted) for r in search.knee_runs], slo.attainment) \
         if search.status == FOUND else None
-    result = summary(search, knee, ok, slo, price.charged(flags))
+    result = {**summary(search, knee, ok, slo, price.charged(flags)), "run_s": settings.run_s,
+              "settle_share": settings.settle_share}  # what the capacity depends on, said with it
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     show(knee, say)
     for line in sentences(result, search, slo):
@@ -121,6 +122,6 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
 def show(knee: Knee | None, say: Any) -> None:
     if knee is None:
         return
-    say("rate (req/s)  runs  mean attainment  verdict (one-sided, alpha/2)")
+    say("rate (req/s)  runs  attainment: requests that met the SLO, all its runs  verdict (one-sided, alpha/2)")
     for lv in knee.levels:
-        say(f"{lv.rate:12.4g}  {lv.runs:4d}  {lv.attainment:15.1%}  {lv.verdict}")
+        say(f"{lv.rate:12.4g}  {lv.runs:4d}  {lv.attainment:6.1%} ({lv.met}/{lv.counted})  {lv.verdict}")
