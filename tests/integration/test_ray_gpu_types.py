@@ -101,6 +101,10 @@ def test_the_real_engine_runs_each_type_with_its_nodes_threads_and_the_cheaper_t
     assert threads == {("A", 1), ("B", 2)}, threads
     summary = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert {s["params"]["gpu_type"] for s in summary["screen"]} == {"A", "B"}
-    assert summary["winner"] is not None and summary["winner"]["params"]["gpu_type"] == "A", said
-    assert summary["gpu_types"]["B"]["cheapest"] is not None, said
-    assert code == 0, said
+    # the cheaper type, by each type's cheapest confirmed configuration; against the baseline, a winner only where
+    # its saving is shown beyond doubt (two runs a knee rate seldom show one): exported (0) or not (1), said so
+    best = {t: (summary["gpu_types"][t]["cheapest"] or {}).get("usd_per_mtok_at_capacity") for t in ("A", "B")}
+    assert best["A"] is not None and best["B"] is not None and best["A"] < best["B"], said
+    shown = summary["winner"] or summary.get("cheapest_not_shown")
+    assert shown is not None and shown["params"]["gpu_type"] == "A", said
+    assert code == 0 if summary["winner"] else (code == 1 and "no configuration was shown cheaper" in said), said

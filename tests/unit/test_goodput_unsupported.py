@@ -17,7 +17,7 @@ from throttle_sweep.errors import ConfigError
 
 # a goodput sweep of one trial on the fake engine: a few seconds
 TINY = ("backend=fake", "+space=batching", "study.objective=goodput", "workload=open_loop", "workload.num_requests=40",
-        "workload.output_len=16", "capacity.run_s=2", "capacity.knee_rates=3", "capacity.knee_replicates=2",
+        "workload.output_len=16", "capacity.run_s=2", "capacity.knee_rates=3", "capacity.knee_replicates=4",
         "slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05", "space.max_num_seqs.high=16",
         "space.max_num_batched_tokens.choices=[2048]", "study.n_trials=1", "study.confirm_top=1", "plots=false",
         "study.name=g")
