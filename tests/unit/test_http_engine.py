@@ -328,9 +328,12 @@ def test_a_run_whose_client_is_the_bottleneck_is_void_and_says_why(monkeypatch):
 
 @pytest.mark.parametrize(("load", "void"), [({"cpu_share": 0.5, "loop_lag_s": {"p99": 0.01}}, False),
                                             ({"cpu_share": 0.95, "loop_lag_s": {"p99": 0.01}}, True),
-                                            ({"cpu_share": 0.3, "loop_lag_s": {"p99": 0.2}}, True),
+                                            ({"cpu_share": 0.4, "loop_lag_s": {"p99": 0.2}}, True),
+                                            # late while mostly idle: other processes had the cores (a loaded
+                                            # machine, as the suite's integration tier beside its other tiers)
+                                            ({"cpu_share": 0.1, "loop_lag_s": {"p99": 0.153}}, False),
                                             ({"cpu_share": 0.3, "loop_lag_s": {"p99": None}}, False), (None, False)])
-def test_a_client_near_a_core_or_with_a_late_loop_is_the_bottleneck(load, void):
+def test_a_client_near_a_core_or_busy_with_a_late_loop_is_the_bottleneck(load, void):
     assert bool(client_bound(load)) is void
 
 
