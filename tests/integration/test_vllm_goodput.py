@@ -3,6 +3,7 @@ once against the baseline's one, each with its own rate search, then confirmed o
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -45,7 +46,8 @@ def test_eight_in_flight_win_a_goodput_sweep_and_say_how_many_replicas_serve_the
     # cheaper beyond doubt is exported); the baseline also at the candidate's lowest knee rate above its own
     assert set(confirm) == {"baseline", "trial 0"} and confirm.count("trial 0") == 3 * 4
     assert 3 * 4 <= confirm.count("baseline") <= 4 * 4
-    assert all(a != b for a, b in zip(confirm, confirm[1:], strict=False) if a == "trial 0")  # interleaved
+    # interleaved in mirrored passes (B T B T B T | T B T B T B): two of a kind only where a pass turns
+    assert max(len(list(run)) for _, run in itertools.groupby(confirm)) <= 2, confirm
     winner_words = " ".join(said[said.index("\nwinner:"):].split())[:1200]  # (a long line wraps at the width)
     assert " replica" in winner_words, winner_words
     assert winner["cheaper_than_baseline"] and (tmp_path / "g" / "best" / "vllm_config.yaml").exists()
