@@ -120,8 +120,9 @@ def test_driver_sigkilled_leaves_no_engines_and_resumes_without_repeats(tmp_path
 
 @pytest.mark.quiet  # beside other engines it once confirmed no winner
 def test_real_vllm_sweep_on_two_ray_slots(tmp_path):
+    # two trials, neither the baseline's own flags (max_num_seqs=1 is told the baseline's answer, not measured)
     cfg = compose_cfg("+space=batching", "study.name=rv", "study.n_trials=2", "study.sampler=grid",
-                      "space.max_num_seqs.low=1", "space.max_num_seqs.high=8", "+space.max_num_seqs.step=7",
+                      "space.max_num_seqs.low=2", "space.max_num_seqs.high=8", "+space.max_num_seqs.step=6",
                       "space.max_num_seqs.log=false", "~space.max_num_batched_tokens", "compare.replicates=2",
                       "study.confirm_top=1", "study.confirm_replicates=4", "workload.num_requests=16",
                       "workload.output_len=32", "workload.prompt_len=32", "workload.concurrency=16",
