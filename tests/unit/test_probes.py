@@ -48,6 +48,19 @@ def gpu_range_sweep(blocks, *, tweak=None, **settings):
     return sweep, records, notes
 
 
+def two_budget_sweep(flags):
+    """A sweep of max_num_seqs 1..2048 at two token budgets, the baseline's (256 sequences) flags `flags`."""
+    records = []
+    sweep = Sweep(study=optuna.create_study(),
+                  distributions={"max_num_seqs": IntDistribution(1, 2048, log=True),
+                                 "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([2048, 8192])},
+                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 256},
+                  workload_key={"workload": asdict(SPEC), "backend": "fake"}, pool=FakeOneSlot(SPEC),
+                  write=records.append, existing=[],
+                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=0, confirm_top=0))
+    return sweep, records
+
+
 def probes_of(records):
     return [r for r in records if r["stage"] == "probe" and r["arm"] == "candidate"]
 
@@ -130,14 +143,7 @@ def test_where_every_value_fits_but_another_knob_may_move_the_kv_capacity_one_pr
     the prediction is not taken on trust there, but confirmed with one probe at the top of the range for each
     setting (never a search of the whole range)."""
     flags = {"num_gpu_blocks_override": 2048 * PER_REQUEST, "block_size": 16, "max_model_len": 1024}
-    records = []
-    sweep = Sweep(study=optuna.create_study(),
-                  distributions={"max_num_seqs": IntDistribution(1, 2048, log=True),
-                                 "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([2048, 8192])},
-                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 256},
-                  workload_key={"workload": asdict(SPEC), "backend": "fake"}, pool=FakeOneSlot(SPEC),
-                  write=records.append, existing=[],
-                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=0, confirm_top=0))
+    sweep, records = two_budget_sweep(flags)
     sweep.find_boundaries()
     found = sweep.view.study.user_attrs["boundaries"]
     assert len(found) == 2 and all((b["last_clean"], b["first_preempting"], b["settled"]) == (2048, None, True)
@@ -182,14 +188,7 @@ def test_a_kv_cache_twice_what_the_range_runs_is_not_probed_for_any_token_budget
     token budget's activation memory cannot take half of it, so no setting is probed (before: a probe at the top
     for each of six budgets, 220 simulated s each)."""
     flags = {"num_gpu_blocks_override": 2 * 2048 * PER_REQUEST, "block_size": 16, "max_model_len": 1024}
-    records = []
-    sweep = Sweep(study=optuna.create_study(),
-                  distributions={"max_num_seqs": IntDistribution(1, 2048, log=True),
-                                 "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([2048, 8192])},
-                  base_flags=flags, baseline_flags={**flags, "max_num_seqs": 256},
-                  workload_key={"workload": asdict(SPEC), "backend": "fake"}, pool=FakeOneSlot(SPEC),
-                  write=records.append, existing=[],
-                  settings=SweepSettings(boundary_knob="max_num_seqs", n_trials=0, confirm_top=0))
+    sweep, records = two_budget_sweep(flags)
     sweep.find_boundaries()
     found = sweep.view.study.user_attrs["boundaries"]
     assert len(found) == 2 and all((b["last_clean"], b["proven"], b["settled"]) == (2048, True, True) for b in found)
