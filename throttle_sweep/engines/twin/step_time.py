@@ -42,6 +42,13 @@ def graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
     return [s for s in sizes if s <= top] or [1]
 
 
+# The host's time per step and per sequence, from two published measurements of Qwen2.5-0.5B on an A100-class GPU
+# that disagree tenfold on the per-sequence part (docs/twin.md, Calibration; tests/unit/test_twin.py):
+#   seed         the seed experiment, 1 and 8 sequences: 516 and 1,650 output tokens/s
+#   large-batch  vLLM 0.10.2's offline LLM on an A800, 256 requests at once: 17,711 output tokens/s
+HOSTS = {"seed": (1.52e-3, 0.4155e-3), "large-batch": (1.52e-3, 0.037e-3)}
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """What share of the datasheet peaks a step reaches, and the host's time (calibrated: docs/twin.md)."""
@@ -49,7 +56,7 @@ class Efficiency:
     bandwidth: float = 0.80  # of peak bandwidth, streaming weights and KV
     compute: float = 0.60  # of peak bf16 FLOP/s, large GEMMs
     host_step_s: float = 1.52e-3  # the host's time per step: scheduling, input preparation, output processing
-    host_per_seq_s: float = 0.4155e-3  # ... and per sequence in the step
+    host_per_seq_s: float = 0.4155e-3  # ... and per sequence in the step (HOSTS["seed"])
     eager_layer_s: float = 60e-6  # without CUDA graphs, kernel launches add this per layer
     head_s: float = 0.1e-3  # embedding, final norm, sampler: per step, beside the layers
 
