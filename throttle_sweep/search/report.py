@@ -270,12 +270,17 @@ def no_answer(result: SweepResult) -> str | None:
     """Why the sweep has no answer at all: its search stopped on its budget before any comparison was measured
     (the probes alone decide nothing), so no saving is claimed nor ruled out. None when it has one."""
     compared = any(r.get("stage") in ("search", "confirm") and r.get("status") == "ok" for r in result.records)
-    if result.stopped_by is None or compared or result.confirmations:
+    again = "raise study.timeout_s or study.budget_usd (or unset them) and run the same command again: it resumes"
+    if result.stopped_by is None or result.confirmations:
+        return None
+    if result.confirm_cut:
+        return (f"stopped before an answer: the budget ran out before any candidate was confirmed "
+                f"({result.stopped_by}), so no saving is claimed or ruled out; {again}")
+    if compared:
         return None
     return (f"stopped before an answer: the search's budget ran out before any comparison was measured "
             f"({result.stopped_by}), so no candidate was compared with the baseline and nothing is claimed or "
-            "ruled out; raise study.timeout_s or study.budget_usd (or unset them) and run the same command again: "
-            "it resumes")
+            f"ruled out; {again}")
 
 
 def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:
