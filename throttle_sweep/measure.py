@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from throttle_sweep.cost import Price, usd_per_mtok
-from throttle_sweep.energy import Meter, joules_per_token, joules_text, meter_for
+from throttle_sweep.energy import Meter, energy_note, joules_per_token, joules_text, meter_for
 from throttle_sweep.engines.base import Engine, EngineSession
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.records import SCHEMA_VERSION
@@ -333,6 +333,12 @@ def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
                     f"({tick:g} s each), so timer steps weigh in its cost per token; raise workload.num_requests "
                     "(or output_len)")
     return None
+
+
+def closing_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a run says once, at its end, of all its replicates: work too short for its timer, energy that was
+    not measured (and why)."""
+    return [n for n in (short_work_note(records), energy_note(records)) if n is not None]
 
 
 def one_line(record: Mapping[str, Any], price: Price) -> str:

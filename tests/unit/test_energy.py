@@ -55,13 +55,9 @@ class FakeNVML:
         return round(1e6 + self.watts[handle] * self.clock() * 1000)  # millijoules, from some origin
 
 
-def started_session(flags=FLAGS):
-    return FakeEngine(FakeKnobs()).start(flags)
-
-
-def measured(price=None, energy_for=None, flags=FLAGS):
+def measured(price=None, energy_for=None, flags=FLAGS, **knobs):
     """One replicate on the fake engine, with the meter `energy_for(session)` gives."""
-    session = started_session(flags)
+    session = FakeEngine(FakeKnobs(**knobs)).start(flags)
     return measure_on(session, flags, SPEC, price or Price(), {}, energy=energy_for(session) if energy_for else None)
 
 
@@ -155,3 +151,44 @@ def test_usd_per_kwh_without_an_energy_counter_is_refused_before_any_engine_star
     with pytest.raises(ConfigError, match=r"cost\.usd_per_kwh must be > 0"):
         price_from(compose_cfg("backend=fake", "cost.usd_per_kwh=-1"))
     assert price_from(compose_cfg("backend=fake")).usd_per_kwh is None
+
+
+def test_compare_and_sweep_show_joules_per_token_beside_the_cost_and_say_the_price_includes_energy(tmp_path):
+    import optuna
+
+    from throttle_sweep.analysis import analyse
+    from throttle_sweep.report import lines as compare_lines
+    from throttle_sweep.report import write
+    from throttle_sweep.search.driver import SweepResult
+    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.search.report import lines as sweep_lines
+    from throttle_sweep.search.trials import trial_summary
+    from throttle_sweep.stats import Thresholds
+
+    price = Price(2.0, 1, usd_per_kwh=0.15)
+    records = []
+    for position, arm in enumerate(["baseline", "candidate", "candidate", "baseline"] * 2):
+        flags = {"max_num_seqs": 8 if arm == "baseline" else 4}
+        watts = (300.0 if arm == "baseline" else 100.0, 0.0)
+        record = measured(price, energy_for=lambda s, w=watts: two_gpus(s, w), flags=flags, noise_sd=0.02,
+                          seed=position)
+        records.append({**record, "arm": arm, "position": position, "flags": flags})
+    analysis = analyse(records, Thresholds())
+    joules = {arm: analysis.joules(arm) for arm in ("baseline", "candidate")}
+    assert joules["baseline"] > joules["candidate"] > 0
+    out = compare_lines(analysis, Thresholds(), price)
+    assert f"(mean {joules['candidate']:.3g} J/output token)" in out[1]
+    assert "plus the measured energy at $0.15/kWh" in "\n".join(out)
+    summary_md = write(tmp_path, analysis, Thresholds(), price, plot=False)["md"].read_text()
+    assert "| J/output token |" in summary_md
+
+    attrs = trial_summary(analysis, SweepSettings(n_trials=1))
+    assert attrs["j_per_output_token"] == pytest.approx(joules["candidate"])
+    study = optuna.create_study()
+    dist = {"max_num_seqs": optuna.distributions.IntDistribution(1, 8)}
+    study.add_trial(optuna.trial.create_trial(params={"max_num_seqs": 4}, distributions=dist, values=[0.5],
+                                              user_attrs={**attrs, "constraints": [0.0]}))
+    table = sweep_lines(SweepResult(study, [], None, []), price, 0)
+    assert "J/tok" in table[0] and f"{joules['candidate']:.3g}" in table[1]
+    assert "plus the measured energy at $0.15/kWh" in "\n".join(table)
+    assert "J/tok" not in sweep_lines(SweepResult(optuna.create_study(), [], None, []), Price(), 0)[0]
