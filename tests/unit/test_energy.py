@@ -148,6 +148,11 @@ def test_usd_per_kwh_without_an_energy_counter_is_refused_before_any_engine_star
     for backend in ("fake", "twin", "endpoint"):
         with pytest.raises(ConfigError, match=rf"cost\.usd_per_kwh=0\.12 .*backend={backend}"):
             price_from(compose_cfg(f"backend={backend}", "cost.usd_per_kwh=0.12"))
+    for mode in (["mode=capacity"], ["mode=sweep", "study.objective=goodput"]):
+        with pytest.raises(ConfigError, match=r"cost\.usd_per_kwh=0\.12 .*prices capacity at a request rate"):
+            price_from(compose_cfg("backend=vllm", *mode, "cost.usd_per_kwh=0.12"))
+    # on Ray the slots' GPUs are not this machine's: each replicate is checked where it runs
+    assert price_from(compose_cfg("backend=vllm", "ray.enabled=true", "cost.usd_per_kwh=0.12")).usd_per_kwh == 0.12
     with pytest.raises(ConfigError, match=r"cost\.usd_per_kwh must be > 0"):
         price_from(compose_cfg("backend=fake", "cost.usd_per_kwh=-1"))
     assert price_from(compose_cfg("backend=fake")).usd_per_kwh is None
@@ -192,3 +197,22 @@ def test_compare_and_sweep_show_joules_per_token_beside_the_cost_and_say_the_pri
     assert "J/tok" in table[0] and f"{joules['candidate']:.3g}" in table[1]
     assert "plus the measured energy at $0.15/kWh" in "\n".join(table)
     assert "J/tok" not in sweep_lines(SweepResult(optuna.create_study(), [], None, []), Price(), 0)[0]
+
+
+def test_a_slot_prices_its_replicates_energy_and_leaves_the_engines_unmeasured_warm_up_unpriced(monkeypatch):
+    import itertools
+
+    from throttle_sweep.engines import host
+    from throttle_sweep.slot import WarmSlot
+
+    ticks = itertools.count()  # each reading one second on: 100 J a reading
+    meter = open_meter(1, nvml=lambda: FakeNVML([100.0], clock=lambda: float(next(ticks))), env={})
+    monkeypatch.setattr(host, "meter_for", lambda backend, flags: meter)
+    slot = WarmSlot(FakeEngine(FakeKnobs()), SPEC, Price(2.0, 1, usd_per_kwh=0.15), run_id="t", environment={},
+                    engine_warmup="first")
+    try:
+        record = slot.measure(FLAGS, "baseline", 0, {"stage": "search"})
+    finally:
+        slot.close()
+    assert record["status"] == "ok" and record["engine_warmup_s"] > 0 and record["usd_per_kwh"] == 0.15
+    assert record["energy_j"] == pytest.approx(200.0) and record["steady"]["energy_j"] == pytest.approx(100.0)

@@ -305,7 +305,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
             if not begin(life, task, record, idle=False):
                 return None
             began = session.now()  # the engine's clock (virtual on the fake engine)
-            warm = measure_on(session, task.flags, warmup_work(spec), price, {})
+            # unpriced: nothing of it is kept, and its energy is not read
+            warm = measure_on(session, task.flags, warmup_work(spec), replace(price, usd_per_kwh=None), {})
             life.warmup_s = session.now() - began
             record["engine_warmup_s"] = life.warmup_s
             life.warm = True

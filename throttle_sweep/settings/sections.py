@@ -49,8 +49,10 @@ def no_energy_counter(cfg: DictConfig) -> str | None:
     can. On Ray the slots' GPUs are not this machine's: a replicate without a reading fails there."""
     from throttle_sweep import energy
 
-    if cfg.mode not in ("measure", "compare", "sweep") or cfg.get("study", {}).get("objective") == "goodput":
+    if cfg.mode not in ("measure", "compare", "sweep"):
         return f"mode={cfg.mode} prices capacity at a request rate, not a replicate's measured energy"
+    if cfg.mode == "sweep" and cfg.study.objective == "goodput":
+        return "study.objective=goodput prices capacity at a request rate, not a replicate's measured energy"
     if cfg.backend not in ("vllm", "server"):
         return (f"backend={cfg.backend} " + ("measures servers you run, whose GPUs this process cannot read"
                                              if cfg.backend == "endpoint" else "runs on no GPU"))
