@@ -52,6 +52,7 @@ class WorkloadConf:
 class CostConf:
     usd_per_gpu_hour: float = 1.39
     gpus: int = 1
+    usd_per_kwh: float | None = None  # a price of energy: the energy the GPUs used (NVML) added to each cost
     # GPU type -> USD per GPU-hour (a goodput sweep on Ray: the type becomes a knob, each type's runs go to a
     # slot on a node with Ray's `accelerator_type:<type>` resource)
     prices: Any = None  # {type: USD per GPU-hour} (typed Any: OmegaConf cannot merge a dict into a None Dict node)

@@ -12,7 +12,7 @@ from rich.console import Console
 from throttle_sweep import calibration
 from throttle_sweep.analysis import analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
-from throttle_sweep.measure import short_work_note
+from throttle_sweep.measure import closing_notes
 from throttle_sweep.progress import progress_for
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
@@ -75,7 +75,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         for line in lines(analysis, r.thresholds, price):
             console.print(line, highlight=False)
         paths = write(out, analysis, r.thresholds, price, plot=r.plots)
-    if (note := short_work_note(records)) is not None:
+    for note in closing_notes(records):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
     return 0
