@@ -157,3 +157,38 @@ def test_an_unknown_gpu_or_model_is_named_with_what_the_twin_knows(tmp_path):
         own.start({"model": "org/unknown"})
     with pytest.raises(ConfigError, match="twin.jitter must be a probability"):
         TwinEngine(TwinConf(jitter=2))
+
+
+def test_measured_kernels_are_an_optional_extra_named_where_it_is_missing(monkeypatch):
+    """twin.step_time=aiconfigurator without aiconfigurator-core installed: the extra is named, before a run."""
+    import sys
+
+    from throttle_sweep.engines.twin import aiconfigurator
+
+    monkeypatch.setitem(sys.modules, "aiconfigurator_core", None)  # an import of it fails, installed or not
+    aiconfigurator._model.cache_clear()
+    with pytest.raises(ConfigError, match=r"twin.step_time=aiconfigurator needs the optional extra: pip install "
+                                          r"'throttle-sweep\[twin-aic\]'"):
+        TwinEngine(TwinConf(gpu="H100", step_time="aiconfigurator")).start({"model": QWEN})
+    aiconfigurator._model.cache_clear()
+
+
+def test_measured_kernels_on_a_gpu_they_do_not_cover_and_an_unknown_step_time_are_refused():
+    with pytest.raises(ConfigError, match=r"no vLLM data for twin.gpu=L4: it covers H100-80GB, H200, A100-80GB"):
+        TwinEngine(TwinConf(gpu="L4", step_time="aiconfigurator")).start({"model": QWEN})
+    with pytest.raises(ConfigError, match=r"twin.step_time must be one of roofline, aiconfigurator.*'kernels'"):
+        TwinEngine(TwinConf(step_time="kernels"))
+
+
+def test_measured_kernels_set_the_gpus_part_of_a_step_where_the_extra_is_installed():
+    """Where aiconfigurator-core is installed (the twin-aic extra; not in CI): a 1-sequence decode step of
+    Qwen2.5-0.5B on the H100 takes 1.19 ms of GPU time in its measured kernels (the roofline says 1.55), and
+    the host's part stays the twin's (benchmarks/twin_step_time.py puts the two side by side)."""
+    pytest.importorskip("aiconfigurator_core")
+    flags = {"model": QWEN, "max_num_seqs": 8}
+    measured = TwinEngine(TwinConf(gpu="H100", step_time="aiconfigurator")).start(flags).roofline
+    modelled = TwinEngine(TwinConf(gpu="H100")).start(flags).roofline
+    step = Batch(prefill_tokens=0, decode_seqs=1, kv_tokens=300, sampled=1, seqs=1)
+    assert measured.gpu_seconds(step) == pytest.approx(1.194e-3, rel=0.02)
+    assert modelled.gpu_seconds(step) == pytest.approx(1.55e-3, rel=0.02)
+    assert measured.host_seconds(step) == modelled.host_seconds(step)

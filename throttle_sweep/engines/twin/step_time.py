@@ -9,6 +9,7 @@ takes the longer of the two, not their sum."""
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +71,8 @@ class Roofline:
     efficiency: Efficiency = Efficiency()
     gpus: int = 1  # tensor parallel: the work splits over this many GPUs (communication not modelled)
     async_scheduling: bool = True
+    # the GPU's part from measured kernels instead of the roofline (twin/aiconfigurator.py), None: the roofline
+    forward: Callable[[Batch], float] | None = None
 
     def padded(self, tokens: int) -> int:
         """A step whose tokens fit a captured graph runs that graph's size."""
@@ -78,6 +81,9 @@ class Roofline:
         return self.graphs[bisect.bisect_left(self.graphs, tokens)]
 
     def gpu_seconds(self, batch: Batch) -> float:
+        if self.forward is not None:  # a decode step runs the CUDA graph it pads to, as below
+            decodes = batch.decode_seqs if batch.prefill_tokens else self.padded(batch.decode_seqs)
+            return self.forward(Batch(batch.prefill_tokens, decodes, batch.kv_tokens, batch.sampled, batch.seqs))
         m, e = self.model, self.efficiency
         tokens = self.padded(batch.prefill_tokens + batch.decode_seqs)
         moved = m.weight_bytes + batch.kv_tokens * self.kv_bytes_per_token
