@@ -12,7 +12,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, deploy
 from throttle_sweep.commands import recheck as recheck_cmd
 from throttle_sweep.commands.export import export_winner
 from throttle_sweep.errors import ConfigError
@@ -45,17 +45,6 @@ def recheck(tmp_path, *overrides):
     cfg = compose_cfg("mode=recheck", "fake.noise_sd=0.02", *overrides, tmp_path=tmp_path)
     code = recheck_cmd.run(cfg, Console(file=text, width=400, soft_wrap=True))
     return code, text.getvalue()
-
-
-def deploy(best, **flags):
-    """Edit the deployed vllm_config.yaml: these flags set (None: removed)."""
-    path = best / "vllm_config.yaml"
-    served = yaml.safe_load(path.read_text())
-    for key, value in flags.items():
-        served.pop(key.replace("_", "-"), None)
-        if value is not None:
-            served[key.replace("_", "-")] = value
-    path.write_text(yaml.safe_dump(served))
 
 
 def test_a_saving_that_still_holds_exits_0_with_records_of_its_own_and_the_versions_side_by_side(tmp_path):
