@@ -18,13 +18,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # a timing verdict: t
 
 
 def test_a_real_sweeps_winner_rechecks_cheaper_and_the_baselines_flags_deployed_do_not(tmp_path):
-    # test_vllm_sweep's smallest sweep, over a narrower range: the boundary (7) and a winner in a few runs
+    # test_vllm_sweep's smallest sweep on half its work (8 requests of 32 + 64 tokens: the baseline's runs,
+    # one request at a time, are most of the time), over max_num_seqs 4-8
     cfg = compose_cfg("+space=batching", "study.name=edge", "study.n_trials=1", "study.sampler=grid",
-                      "space.max_num_seqs.low=5", "space.max_num_seqs.high=9", "space.max_num_seqs.log=false",
+                      "space.max_num_seqs.low=4", "space.max_num_seqs.high=8", "space.max_num_seqs.log=false",
                       "~space.max_num_batched_tokens", "engine.kv_cache_memory_bytes=2097152",
                       "engine.max_model_len=256", "compare.replicates=2", "study.confirm_top=1",
-                      "study.confirm_replicates=4", "workload.num_requests=12", "workload.prompt_len=32",
-                      "workload.output_len=128", "workload.concurrency=12", "workload.warmup_requests=0",
+                      "study.confirm_replicates=4", "workload.num_requests=8", "workload.prompt_len=32",
+                      "workload.output_len=64", "workload.concurrency=8", "workload.warmup_requests=0",
                       "plots=false", tmp_path=tmp_path)
     assert sweep_cmd.run(cfg, Console(quiet=True)) == 0
     best = tmp_path / "edge" / "best"

@@ -83,6 +83,7 @@ def test_the_baselines_flags_deployed_as_the_winner_exit_1_naming_the_regression
     (["study.name=missing"], "study.name='missing': no study folder"),
     (["study.name=s", "recheck.best=elsewhere"], "one of study.name or recheck.best"),
     (["recheck.best=nowhere"], "recheck.best='nowhere': no such folder"),
+    (["study.name=s", "candidate.max_num_seqs=3"], "candidate.max_num_seqs=3 has no place on its command line"),
 ])
 def test_a_recheck_of_nothing_says_what_is_missing(tmp_path, overrides, words):
     fake_study(tmp_path)

@@ -78,6 +78,11 @@ def load_recheck(cfg: DictConfig) -> RecheckRun:
 
 def export_folder(cfg: DictConfig) -> tuple[Path, Path]:
     """(the best/ folder, the folder the recheck's own folder goes in)."""
+    chosen = [o for o in user_overrides() if o.lstrip("+~").startswith(("candidate", "space"))]
+    if chosen:
+        raise ConfigError(f"mode=recheck measures the deployed vllm_config.yaml as the candidate, so "
+                          f"{', '.join(chosen)} has no place on its command line: edit the deployed file, or "
+                          "compare other flags with mode=compare")
     given = cfg.recheck.best
     if cfg.study.name and given:
         raise ConfigError(f"mode=recheck takes one of study.name or recheck.best, but got study.name="
