@@ -142,3 +142,42 @@ def test_the_driver_version_is_read_through_nvml_and_is_none_without_a_driver():
         raise ImportError("no NVML")
 
     assert nvml_reading(lambda m: m.nvmlSystemGetDriverVersion(), nvml=no_library) is None
+
+
+def test_an_interrupted_recheck_exits_130_keeping_its_replicates_and_runs_again_under_its_name(tmp_path,
+                                                                                              monkeypatch):
+    from throttle_sweep.records import read_records
+    from throttle_sweep.slot import WarmSlot
+
+    out = fake_study(tmp_path)
+    real_measure, calls = WarmSlot.measure, []
+
+    def measure(self, *args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # Ctrl-C during the 4th replicate
+        return real_measure(self, *args)
+
+    monkeypatch.setattr(WarmSlot, "measure", measure)
+    assert recheck(tmp_path, "study.name=s", "run=again")[0] == 130
+    before = read_records(out / "again" / "replicates.jsonl")
+    assert len(before) == 3
+    monkeypatch.setattr(WarmSlot, "measure", real_measure)
+    assert recheck(tmp_path, "study.name=s", "run=again")[0] == 0
+    assert read_records(out / "again" / "replicates.jsonl")[:3] == before  # nothing lost
+
+
+def test_an_older_export_is_read_with_the_study_beside_it_and_refused_when_that_is_not_its_study(tmp_path):
+    import optuna
+
+    out = fake_study(tmp_path)
+    summary = json.loads((out / "best" / "best.json").read_text())
+    for key in ("backend", "engine", "cost", "measured_with"):  # as an export before mode=recheck wrote it
+        summary.pop(key)
+    (out / "best" / "best.json").write_text(json.dumps(summary))
+    with pytest.raises(ConfigError, match="no study.db is beside it"):
+        recheck(tmp_path, "study.name=s")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name="other", storage=f"sqlite:///{out / 'study.db'}")
+    with pytest.raises(ConfigError, match="names study 's', which .* does not hold"):
+        recheck(tmp_path, "study.name=s")

@@ -153,7 +153,11 @@ def recorded_experiment(summary: Mapping[str, Any], best: Path) -> dict[str, Any
         from throttle_sweep.commands.export import recorded_measurement
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        loaded = optuna.load_study(study_name=summary.get("study"), storage=f"sqlite:///{study}")
+        try:
+            loaded = optuna.load_study(study_name=summary.get("study"), storage=f"sqlite:///{study}")
+        except KeyError:
+            raise ConfigError(f"{best / 'best.json'} names study {summary.get('study')!r}, which {study} does not "
+                              "hold: run mode=export study.name=NAME again") from None
         found = {**recorded_measurement(loaded, best.parent), **{k: v for k, v in found.items() if v is not None}}
     found["cost"] = found.get("cost") or {}
     return found
