@@ -166,8 +166,13 @@ class CapacityConf:
 
 
 @dataclass
+class RecheckConf:
+    best: str | None = None  # a best/ folder to re-certify (else study.name's: results/<study.name>/best)
+
+
+@dataclass
 class Config:
-    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity
+    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity | recheck
     backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | twin | fake
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
@@ -182,6 +187,7 @@ class Config:
     study: StudyConf = field(default_factory=StudyConf)
     slo: SloConf = field(default_factory=SloConf)
     capacity: CapacityConf = field(default_factory=CapacityConf)
+    recheck: RecheckConf = field(default_factory=RecheckConf)
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
     twin: TwinConf = field(default_factory=TwinConf)  # the GPU twin's (backend=twin): which GPU it simulates
