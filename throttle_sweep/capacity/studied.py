@@ -1,0 +1,135 @@
+"""What a finished study says one replica serves, for mode=plan: the capacity and its interval, the GPUs a
+replica holds and their price, read from the summary.json that mode=capacity (capacity/report.py) or a goodput
+sweep (capacity/sweep_report.py) wrote. A folder that holds no capacity is refused, saying what it holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from throttle_sweep.capacity.search import FOUND
+from throttle_sweep.capacity.sweep_report import fmt_params
+from throttle_sweep.cost import Price
+from throttle_sweep.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Served:
+    """One configuration's confirmed capacity a replica, and what a replica costs."""
+    label: str
+    rate: float  # the estimate (req/s); where `at_least`, the highest rate its knee runs kept: a lower bound
+    low: float | None  # the 95% interval; None: open on that side (low None: no rate held beyond doubt)
+    high: float | None
+    gpus: int  # a replica's
+    usd_per_gpu_hour: float  # assumed, as the study recorded it
+    at_least: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def words(self) -> str:
+        what = f"{self.label} ({fmt_params(self.params)})" if self.params else self.label
+        return f"{what}: {self.capacity_words()}"
+
+    def capacity_words(self) -> str:
+        low, high = (f"{x:.3g}" if x is not None else "-" for x in (self.low, self.high))
+        return (f"capacity {'at least ' if self.at_least else ''}{self.rate:.3g} req/s [{low}, {high}] a replica, "
+                f"{self.gpus} GPU{'s' if self.gpus != 1 else ''} at ${self.usd_per_gpu_hour:g}/GPU-hour (assumed)")
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    folder: Path
+    kind: str  # capacity | goodput sweep
+    served: Served  # what the plan is for: the capacity, or the sweep's winner
+    notes: tuple[str, ...] = ()  # what the reader should know of the choice
+    types: dict[str, Served] = field(default_factory=dict)  # per GPU type priced: its cheapest confirmed
+
+
+def read_study(name: str, folder: Path) -> Study:
+    summary = summary_of(name, folder)
+    if "confirmed" in summary:
+        return goodput_study(name, folder, summary)
+    if "bracket" in summary and "status" in summary:
+        return Study(name, folder, "capacity", capacity_served(name, folder, summary))
+    raise ConfigError(f"study.name={name!r}: {folder / 'summary.json'} is not a capacity or goodput study's summary "
+                      f"(its keys: {', '.join(sorted(summary)[:8])}); mode=plan reads what mode=capacity or a goodput "
+                      "sweep (study.objective=goodput) wrote")
+
+
+def summary_of(name: str, folder: Path) -> dict[str, Any]:
+    path = folder / "summary.json"
+    if (folder / "study.db").is_file() and not path.is_file():
+        raise ConfigError(f"study.name={name!r} is a cost sweep ({folder / 'study.db'}): it measures the cost of fixed "
+                          "work, not a capacity, so it has none to plan with; mode=plan reads a capacity study "
+                          "(mode=capacity) or a goodput sweep (study.objective=goodput)")
+    if not folder.is_dir():
+        raise ConfigError(f"study.name={name!r}: no such study ({folder} does not exist)")
+    if not path.is_file():
+        unfinished = saved_config(folder).get("mode") == "capacity" or objective(folder) == "goodput"
+        raise ConfigError(f"study.name={name!r}: {folder} has no summary.json"
+                          + (": the study has not finished; run its command again to finish it" if unfinished else
+                             ": not a finished capacity or goodput study"))
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"study.name={name!r}: cannot read {path} ({exc})") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"study.name={name!r}: {path} is not a study's summary (a JSON object)")
+    return summary
+
+
+def saved_config(folder: Path) -> dict[str, Any]:
+    saved = folder / "config.yaml"
+    return OmegaConf.to_container(OmegaConf.load(saved), resolve=True) if saved.is_file() else {}  # type: ignore
+
+
+def objective(folder: Path) -> str | None:
+    return (saved_config(folder).get("study") or {}).get("objective")
+
+
+def capacity_served(name: str, folder: Path, summary: Mapping[str, Any]) -> Served:
+    rate = summary.get("capacity_rps")
+    if rate is None:
+        why = {FOUND: "its knee runs did not cross the SLO's attainment"}.get(summary["status"], summary["status"])
+        raise ConfigError(f"study.name={name!r} has no confirmed capacity ({why}; see its summary.json): nothing "
+                          "to plan with")
+    low, high = summary.get("capacity_ci") or (None, None)
+    price = price_of(folder, summary)
+    return Served("its configuration", rate, low, high, price.gpus, price.usd_per_gpu_hour)
+
+
+def price_of(folder: Path, summary: Mapping[str, Any]) -> Price:
+    """The price a capacity study recorded; a summary from before it was recorded there: its config.yaml's
+    cost, charged for the engine's flags as the study was."""
+    if summary.get("usd_per_gpu_hour") is not None:
+        return Price(summary["usd_per_gpu_hour"], summary["gpus_per_replica"])
+    saved = saved_config(folder)
+    cost = saved.get("cost") or {}
+    base = Price(cost.get("usd_per_gpu_hour", Price.usd_per_gpu_hour), cost.get("gpus", Price.gpus))
+    return base.charged(saved.get("engine") or {})
+
+
+def goodput_study(name: str, folder: Path, summary: Mapping[str, Any]) -> Study:
+    """The winner; with none, the cheapest estimate the sweep kept (said so); per GPU type, its cheapest."""
+    entry, notes = summary.get("winner"), []
+    if entry is None and summary.get("cheapest_not_shown"):
+        entry = summary["cheapest_not_shown"]
+        notes.append(f"note: the sweep showed no configuration cheaper than its baseline beyond doubt (no winner); "
+                     f"this plan is for its cheapest estimate, {entry['config']}")
+    if entry is None or entry.get("capacity_rps") is None:
+        raise ConfigError(f"study.name={name!r} has no confirmed capacity: its goodput sweep found no winner (see "
+                          f"{folder / 'summary.json'}): nothing to plan with")
+    types = {t: served_of(v["cheapest"]) for t, v in (summary.get("gpu_types") or {}).items() if v.get("cheapest")}
+    return Study(name, folder, "goodput sweep", served_of(entry), tuple(notes), types)
+
+
+def served_of(entry: Mapping[str, Any]) -> Served:
+    """A goodput sweep's confirmed entry (sweep_report.costed_summary)."""
+    low, high = entry["capacity_ci"]
+    return Served(entry["config"], entry["capacity_rps"], low, high, entry["gpus_per_replica"],
+                  entry["usd_per_gpu_hour"], bool(entry.get("capacity_at_least")), dict(entry.get("params") or {}))
