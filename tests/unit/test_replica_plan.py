@@ -18,6 +18,7 @@ from throttle_sweep.capacity.demand import Bucket, read_demand
 from throttle_sweep.capacity.knee import Knee
 from throttle_sweep.capacity.pick import Costed
 from throttle_sweep.capacity.report import summary as capacity_summary
+from throttle_sweep.capacity.search import ALWAYS_MET, FOUND
 from throttle_sweep.capacity.slo import Slo
 from throttle_sweep.capacity.studied import Served
 from throttle_sweep.capacity.sweep_report import costed_summary
@@ -33,10 +34,10 @@ TWO_GPUS = Price(2.0, 2)  # $2 a GPU-hour, 2 GPUs a replica
 
 
 def capacity_study(folder: Path, rate: float | None, low: float | None, high: float | None,
-                   price: Price = TWO_GPUS) -> Path:
+                   price: Price = TWO_GPUS, status: str = FOUND) -> Path:
     """A capacity study's summary.json as mode=capacity writes it."""
-    search = SimpleNamespace(status="found", runs=[1] * 8, low=low, high=high, best=lambda: None)
-    knee = Knee(rate, low, high, ())
+    search = SimpleNamespace(status=status, runs=[1] * 8, low=low, high=high, best=lambda: None)
+    knee = Knee(rate, low, high, ()) if status == FOUND else None
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(capacity_summary(search, knee, [], SLO, price)))
     return folder
@@ -192,7 +193,9 @@ def test_bad_studies_and_keys_are_refused_by_name_before_any_work(tmp_path):
     (tmp_path / "cmp" / "summary.json").write_text(json.dumps({"ratio": 0.3, "ci": [0.2, 0.4], "verdict": "CHEAPER"}))
     cases["a comparison"] = (("study.name=cmp", f"plan.demand={demand}"), "is not a capacity or goodput study")
     capacity_study(tmp_path / "none", None, None, None)
-    cases["no capacity"] = (("study.name=none", f"plan.demand={demand}"), "has no confirmed capacity")
+    cases["no capacity"] = (("study.name=none", f"plan.demand={demand}"), "has no confirmed capacity (its knee")
+    capacity_study(tmp_path / "above", None, 100.0, None, status=ALWAYS_MET)
+    cases["always met"] = (("study.name=above", f"plan.demand={demand}"), "its SLO held up to capacity.max_rate")
     goodput_study(tmp_path / "g", None)
     cases["no winner"] = (("study.name=g", f"plan.demand={demand}"), "has no confirmed capacity")
     for name, (args, words) in cases.items():

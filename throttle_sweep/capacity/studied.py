@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from throttle_sweep.capacity.search import FOUND
+from throttle_sweep.capacity.search import ALWAYS_MET, FOUND, NEVER_MET
 from throttle_sweep.capacity.sweep_report import fmt_params
 from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
@@ -95,7 +95,10 @@ def objective(folder: Path) -> str | None:
 def capacity_served(name: str, folder: Path, summary: Mapping[str, Any]) -> Served:
     rate = summary.get("capacity_rps")
     if rate is None:
-        why = {FOUND: "its knee runs did not cross the SLO's attainment"}.get(summary["status"], summary["status"])
+        why = {FOUND: "its knee runs did not cross the SLO's attainment",
+               NEVER_MET: "no rate kept its SLO, down to capacity.min_rate",
+               ALWAYS_MET: "its SLO held up to capacity.max_rate: measure it again with a higher one"
+               }.get(summary["status"], f"status {summary['status']!r}")
         raise ConfigError(f"study.name={name!r} has no confirmed capacity ({why}; see its summary.json): nothing "
                           "to plan with")
     low, high = summary.get("capacity_ci") or (None, None)
