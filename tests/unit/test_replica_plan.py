@@ -150,6 +150,14 @@ def test_a_trace_is_counted_in_buckets_of_plan_bucket_s():
     assert [b.start_s for b in buckets] == [0, 5, 10, 15] and {b.duration_s for b in buckets} == {5.0}
 
 
+def test_a_csv_trace_is_bucketed_and_a_demand_csvs_last_row_lasts_plan_bucket_s(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{t},10,10\n" for t in (0, 1, 2, 65, 70)))
+    assert [(b.start_s, b.rps) for b in read_demand(str(trace), 60.0)] == [(0, 3 / 60), (60, 2 / 60)]
+    curve = read_demand(str(demand_csv(tmp_path / "d.csv", HOURLY)), 600.0)
+    assert [b.duration_s for b in curve] == [3600, 3600, 600]
+
+
 def test_the_shipped_day_has_24_hourly_rows_with_a_daytime_peak():
     buckets = read_demand(str(ROOT / "examples" / "demand-day.csv"))
     assert len(buckets) == 24 and {b.duration_s for b in buckets} == {3600.0}
