@@ -170,6 +170,7 @@ class PlanConf:
 
     demand: str | None = None  # a CSV of start_s,requests_per_s rows, or a trace (bucketed)
     bucket_s: float | None = None  # a trace's bucket width, and a CSV's last row's (null: 3600 s; the row before's)
+    config: str | None = None  # a goodput sweep's confirmed configuration ("baseline", "trial 3"); null: its winner
 
 
 @dataclass

@@ -131,6 +131,32 @@ def test_a_sweep_without_a_winner_plans_its_cheapest_estimate_and_says_so(tmp_pa
     assert plan["totals"]["estimate"]["usd"] == pytest.approx(2 * 1.39)  # 1 + 1 + 0 replica-hours
 
 
+def test_with_no_winner_nor_estimate_the_cheapest_confirmed_capacity_is_planned_or_the_one_named(tmp_path):
+    """A sweep whose candidates' confirmations found no capacity (winner null): the baseline's is the one there."""
+    base = costed("baseline", 3.4, None, 29.1, Price(1.39, 1), {"max_num_seqs": 1})
+    lost = costed("trial 1", None, None, 45.7, Price(1.39, 1))
+    goodput_study(tmp_path / "g", None, types=None)
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    summary["confirmed"] = [costed_summary(base, 50.0), costed_summary(lost, 50.0)]
+    (tmp_path / "g" / "summary.json").write_text(json.dumps(summary))
+    demand = demand_csv(tmp_path / "d.csv", HOURLY)
+    code, said = run(tmp_path, "study.name=g", f"plan.demand={demand}", "plots=false")
+    assert code == 0, said
+    assert "no winner" in said and "the cheapest confirmed configuration with a capacity, baseline" in said
+    assert [b["replicas"] for b in json.loads((tmp_path / "g" / "plan.json").read_text())["buckets"]] == [3, 7, 0]
+    code, said = run(tmp_path, "study.name=g", f"plan.demand={demand}", "plan.config=baseline", "plots=false")
+    assert code == 0 and "chosen by plan.config" in said
+    for label, words in (("trial 1", "plan.config='trial 1': its confirmation found no capacity"),
+                         ("trial 9", "plan.config='trial 9': study 'g' confirmed no such configuration; it confirmed: "
+                                     "baseline, trial 1")):
+        with pytest.raises(ConfigError) as err:
+            run(tmp_path, "study.name=g", f"plan.demand={demand}", f"plan.config={label}")
+        assert words in str(err.value)
+    capacity_study(tmp_path / "cap", 12.0, 10.0, 15.0)
+    with pytest.raises(ConfigError, match="plan.config='baseline': a capacity study measured one configuration"):
+        run(tmp_path, "study.name=cap", f"plan.demand={demand}", "plan.config=baseline")
+
+
 def test_each_gpu_type_is_planned_at_its_own_capacity_and_price(tmp_path):
     a = costed("trial 0", 20.0, 18.0, 22.0, Price(1.0, 1), {"gpu_type": "A", "max_num_seqs": 6})
     b = costed("trial 1", 50.0, 45.0, 55.0, Price(3.0, 1), {"gpu_type": "B", "max_num_seqs": 7})

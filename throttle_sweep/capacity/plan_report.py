@@ -85,20 +85,25 @@ def plot(plan: DayPlan, path: Path, title: str) -> None:
 
     s = plan.served
     fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
-    ax.step(*steps(plan, [r.replicas * s.rate for r in plan.rows]), where="post", color="tab:blue", linewidth=1.5,
+    x, provided = steps(plan, [r.replicas * s.rate for r in plan.rows])
+    demand = steps(plan, [r.bucket.rps for r in plan.rows])[1]
+    held = [plan.peak() * s.rate] * len(x)  # type: ignore[operator]
+    ax.fill_between(x, provided, held, step="post", color="grey", alpha=0.15,
+                    label="what holding the peak's fleet all day adds")
+    ax.fill_between(x, demand, provided, step="post", color="tab:blue", alpha=0.15,
+                    label="headroom: the rounding up to whole replicas")
+    ax.step(x, provided, where="post", color="tab:blue", linewidth=1.5,
             label=f"provisioned: replicas x capacity ({s.rate:.3g} req/s{', at least' if s.at_least else ''})")
     if s.low and all(r.sure is not None for r in plan.rows):
         ax.step(*steps(plan, [r.sure * s.low for r in plan.rows]), where="post", color="tab:green",  # type: ignore[operator]
                 linestyle="--", linewidth=1.2, label=f"sure: replicas x lower bound ({s.low:.3g} req/s)")
-    ax.axhline(plan.peak() * s.rate, color="grey", linestyle=":", linewidth=1,  # type: ignore[operator]
-               label=f"without autoscaling: the peak's {plan.peak()} replicas all day")
-    ax.step(*steps(plan, [r.bucket.rps for r in plan.rows]), where="post", color="black", linewidth=2,
-            label="demand")
+    ax.step(x, held, where="post", color="grey", linestyle=":", linewidth=1.2,
+            label=f"without autoscaling: the peak's {plan.peak()} replicas all day")
+    ax.step(x, demand, where="post", color="black", linewidth=2, label="demand")
     ax.set_xlabel("hours from the curve's start")
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0)
-    edges = steps(plan, [0.0] * len(plan.rows))[0]
-    ax.set_xlim(edges[0], edges[-1])
+    ax.set_xlim(x[0], x[-1])
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.savefig(path, dpi=110)

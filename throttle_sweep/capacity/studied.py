@@ -5,6 +5,7 @@ sweep (capacity/sweep_report.py) wrote. A folder that holds no capacity is refus
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,11 +51,16 @@ class Study:
     types: dict[str, Served] = field(default_factory=dict)  # per GPU type priced: its cheapest confirmed
 
 
-def read_study(name: str, folder: Path) -> Study:
+def read_study(name: str, folder: Path, config: str | None = None) -> Study:
+    """The study's capacity to plan with; `config`: a goodput sweep's confirmed configuration by its label
+    (`plan.config`), else its winner."""
     summary = summary_of(name, folder)
     if "confirmed" in summary:
-        return goodput_study(name, folder, summary)
+        return goodput_study(name, folder, summary, config)
     if "bracket" in summary and "status" in summary:
+        if config is not None:
+            raise ConfigError(f"plan.config={config!r}: a capacity study measured one configuration; leave "
+                              "plan.config off (it chooses among a goodput sweep's confirmed ones)")
         return Study(name, folder, "capacity", capacity_served(name, folder, summary))
     raise ConfigError(f"study.name={name!r}: {folder / 'summary.json'} is not a capacity or goodput study's summary "
                       f"(its keys: {', '.join(sorted(summary)[:8])}); mode=plan reads what mode=capacity or a goodput "
@@ -117,17 +123,36 @@ def price_of(folder: Path, summary: Mapping[str, Any]) -> Price:
     return base.charged(saved.get("engine") or {})
 
 
-def goodput_study(name: str, folder: Path, summary: Mapping[str, Any]) -> Study:
-    """The winner; with none, the cheapest estimate the sweep kept (said so); per GPU type, its cheapest."""
+def goodput_study(name: str, folder: Path, summary: Mapping[str, Any], config: str | None = None) -> Study:
+    """The configuration named, or the winner; with none, the cheapest estimate the sweep kept, or else the
+    cheapest confirmed configuration with a capacity (said so); per GPU type, its cheapest."""
+    types = {t: served_of(v["cheapest"]) for t, v in (summary.get("gpu_types") or {}).items() if v.get("cheapest")}
+    found = [c for c in summary["confirmed"] if c.get("capacity_rps") is not None]
+    if config is not None:
+        entry = next((c for c in summary["confirmed"] if c["config"] == config), None)
+        if entry is None:
+            raise ConfigError(f"plan.config={config!r}: study {name!r} confirmed no such configuration; it confirmed: "
+                              + (", ".join(c["config"] for c in summary["confirmed"]) or "none"))
+        if entry.get("capacity_rps") is None:
+            raise ConfigError(f"plan.config={config!r}: its confirmation found no capacity (see "
+                              f"{folder / 'summary.json'}); those with one: "
+                              + (", ".join(c["config"] for c in found) or "none"))
+        notes = (f"note: {config}, chosen by plan.config",)
+        return Study(name, folder, "goodput sweep", served_of(entry), notes, types)
     entry, notes = summary.get("winner"), []
     if entry is None and summary.get("cheapest_not_shown"):
         entry = summary["cheapest_not_shown"]
         notes.append(f"note: the sweep showed no configuration cheaper than its baseline beyond doubt (no winner); "
                      f"this plan is for its cheapest estimate, {entry['config']}")
-    if entry is None or entry.get("capacity_rps") is None:
-        raise ConfigError(f"study.name={name!r} has no confirmed capacity: its goodput sweep found no winner (see "
-                          f"{folder / 'summary.json'}): nothing to plan with")
-    types = {t: served_of(v["cheapest"]) for t, v in (summary.get("gpu_types") or {}).items() if v.get("cheapest")}
+    if entry is None and found:
+        entry = min(found, key=lambda c: c.get("usd_per_mtok_at_capacity") or math.inf)
+        others = [c["config"] for c in found if c is not entry]
+        notes.append(f"note: the sweep found no winner; this plan is for the cheapest confirmed configuration with a "
+                     f"capacity, {entry['config']}" + (f" (plan.config=LABEL chooses another: {', '.join(others)})"
+                                                       if others else " (the only one)"))
+    if entry is None:
+        raise ConfigError(f"study.name={name!r} has no confirmed capacity: no configuration's confirmation found one "
+                          f"(see {folder / 'summary.json'}): nothing to plan with")
     return Study(name, folder, "goodput sweep", served_of(entry), tuple(notes), types)
 
 

@@ -30,5 +30,6 @@ def load_plan(cfg: DictConfig) -> PlanRun:
                           "demand-day.csv), or a trace whose arrivals are counted in buckets of plan.bucket_s")
     bucket_s = check_bucket_s(cfg.plan.bucket_s)
     name, folder, _ = study_location(cfg)
-    study = read_study(name, folder)
+    config = None if cfg.plan.config is None else str(cfg.plan.config)
+    study = read_study(name, folder, config)
     return PlanRun(study, str(cfg.plan.demand), read_demand(str(cfg.plan.demand), bucket_s), bool(cfg.plots))
