@@ -223,6 +223,13 @@ def test_bad_studies_and_keys_are_refused_by_name_before_any_work(tmp_path):
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "study.db").write_text("")
     cases["cost sweep"] = (("study.name=sweep", f"plan.demand={demand}"), "is a cost sweep")
+    (tmp_path / "elsewhere").mkdir()  # a cost sweep whose study lives in another storage: its config.yaml says
+    (tmp_path / "elsewhere" / "config.yaml").write_text("space: {max_num_seqs: {}}\nstudy: {objective: cost}\n")
+    cases["cost sweep, its study elsewhere"] = (("study.name=elsewhere", f"plan.demand={demand}"), "is a cost sweep")
+    (tmp_path / "going").mkdir()
+    (tmp_path / "going" / "config.yaml").write_text("mode: capacity\n")
+    cases["unfinished"] = (("study.name=going", f"plan.demand={demand}"), "has no summary.json: the study has not "
+                                                                          "finished")
     (tmp_path / "cmp").mkdir()
     (tmp_path / "cmp" / "summary.json").write_text(json.dumps({"ratio": 0.3, "ci": [0.2, 0.4], "verdict": "CHEAPER"}))
     cases["a comparison"] = (("study.name=cmp", f"plan.demand={demand}"), "is not a capacity or goodput study")

@@ -69,14 +69,16 @@ def read_study(name: str, folder: Path, config: str | None = None) -> Study:
 
 def summary_of(name: str, folder: Path) -> dict[str, Any]:
     path = folder / "summary.json"
-    if (folder / "study.db").is_file() and not path.is_file():
-        raise ConfigError(f"study.name={name!r} is a cost sweep ({folder / 'study.db'}): it measures the cost of fixed "
-                          "work, not a capacity, so it has none to plan with; mode=plan reads a capacity study "
-                          "(mode=capacity) or a goodput sweep (study.objective=goodput)")
     if not folder.is_dir():
         raise ConfigError(f"study.name={name!r}: no such study ({folder} does not exist)")
+    saved = saved_config(folder)
+    objective = (saved.get("study") or {}).get("objective")
+    if not path.is_file() and ((folder / "study.db").is_file() or (saved.get("space") and objective == "cost")):
+        raise ConfigError(f"study.name={name!r} is a cost sweep: it measures the cost of fixed work, not a capacity, "
+                          "so it has none to plan with; mode=plan reads a capacity study (mode=capacity) or a goodput "
+                          "sweep (study.objective=goodput)")
     if not path.is_file():
-        unfinished = saved_config(folder).get("mode") == "capacity" or objective(folder) == "goodput"
+        unfinished = saved.get("mode") == "capacity" or objective == "goodput"
         raise ConfigError(f"study.name={name!r}: {folder} has no summary.json"
                           + (": the study has not finished; run its command again to finish it" if unfinished else
                              ": not a finished capacity or goodput study"))
@@ -92,10 +94,6 @@ def summary_of(name: str, folder: Path) -> dict[str, Any]:
 def saved_config(folder: Path) -> dict[str, Any]:
     saved = folder / "config.yaml"
     return OmegaConf.to_container(OmegaConf.load(saved), resolve=True) if saved.is_file() else {}  # type: ignore
-
-
-def objective(folder: Path) -> str | None:
-    return (saved_config(folder).get("study") or {}).get("objective")
 
 
 def capacity_served(name: str, folder: Path, summary: Mapping[str, Any]) -> Served:
