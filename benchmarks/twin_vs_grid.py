@@ -61,10 +61,10 @@ def sweep_answer(folder: Path) -> tuple[dict[str, Any], dict[str, Any], list[dic
 
 
 class Twin:
-    """Runs of one fixed work on a noise-free H100 twin, each on an engine of its own (one `vllm serve` per
+    """Runs of one fixed work on the sweep's twin with its noise off, each on an engine of its own (one `vllm serve` per
     grid point), in one process: torch.compile comes from its cache after the first start, as on disk."""
 
-    def __init__(self, records: list[dict[str, Any]]) -> None:
+    def __init__(self, records: list[dict[str, Any]], twin: dict[str, Any]) -> None:
         from throttle_sweep.cost import Price
         from throttle_sweep.engines.twin import TwinConf, TwinEngine
         from throttle_sweep.workload import WorkloadSpec
@@ -74,7 +74,9 @@ class Twin:
         self.spec = WorkloadSpec(**work)
         self.price = Price(usd_per_gpu_hour=done["usd_per_gpu_hour"], gpus=done.get("gpus") or 1)
         self.flags = {k: v for k, v in done["flags"].items() if k not in ("max_num_seqs", "max_num_batched_tokens")}
-        self.engine = TwinEngine(TwinConf(gpu="H100", noise_sd=0.0))
+        # the sweep's own twin (its GPU and host calibration), with the noise off
+        same = {k: twin[k] for k in ("gpu", "host", "host_step_s", "host_per_seq_s") if twin.get(k) is not None}
+        self.engine = TwinEngine(TwinConf(**{**same, "noise_sd": 0.0}))
 
     def run(self, seqs: int, tokens: int) -> dict[str, Any] | None:
         """{usd_per_mtok, start_s, run_s, preemptions}, or None where vLLM refuses the flags."""
@@ -107,7 +109,9 @@ def main() -> None:
     from throttle_sweep.search.gpu_time import gpu_time
 
     sweep_min = gpu_time(records).total_s / 60
-    twin = Twin(records)
+    import yaml
+
+    twin = Twin(records, (yaml.safe_load((folder / "config.yaml").read_text()) or {}).get("twin") or {})
     began = time.monotonic()
     grid: dict[tuple[int, int], dict[str, Any]] = {}
     for seqs, tokens in itertools.product(SEQS, TOKENS):

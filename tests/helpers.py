@@ -131,3 +131,16 @@ GOODPUT_TYPED = ("backend=fake", "+space=batching", "study.objective=goodput", "
                  "space.max_num_seqs.high=16", "space.max_num_batched_tokens.choices=[2048]", "study.n_trials=3",
                  "study.confirm_top=1", "fake.noise_sd=0.02", "fake.type_speed={A: 1.0, B: 4.0}", "plots=false",
                  "study.name=g", "ray.enabled=true")
+
+
+def deploy(best: Path, **flags) -> None:
+    """Edit an export's deployed vllm_config.yaml (mode=recheck's tests): these flags set (None: removed)."""
+    import yaml
+
+    path = best / "vllm_config.yaml"
+    served = yaml.safe_load(path.read_text())
+    for key, value in flags.items():
+        served.pop(key.replace("_", "-"), None)
+        if value is not None:
+            served[key.replace("_", "-")] = value
+    path.write_text(yaml.safe_dump(served))

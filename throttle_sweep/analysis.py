@@ -44,6 +44,18 @@ class Analysis:
         return [(r["position"], self.cost_of(r)) for r in self.replicates(arm)]
 
 
+    def joules(self, arm: str) -> float | None:
+        """The arm's mean energy per output token over the judged window (J), where every replicate has one."""
+        values = [judged_joules(r, self.basis) for r in self.replicates(arm)]
+        return sum(values) / len(values) if values and None not in values else None
+
+
+def judged_joules(record: Mapping[str, Any], basis: str) -> float | None:
+    """Joules per output token over the window whose cost is judged; None where energy was not measured."""
+    part = record.get("steady") if basis == "steady" else record
+    return (part or {}).get("j_per_output_token")
+
+
 def judged_cost(record: Mapping[str, Any], basis: str) -> float:
     """The steady-state cost (closed loop, before the drain), or the cost of the whole replicate."""
     return record["steady"]["usd_per_mtok"] if basis == "steady" else record["usd_per_mtok"]

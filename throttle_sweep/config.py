@@ -52,6 +52,7 @@ class WorkloadConf:
 class CostConf:
     usd_per_gpu_hour: float = 1.39
     gpus: int = 1
+    usd_per_kwh: float | None = None  # a price of energy: the energy the GPUs used (NVML) added to each cost
     # GPU type -> USD per GPU-hour (a goodput sweep on Ray: the type becomes a knob, each type's runs go to a
     # slot on a node with Ray's `accelerator_type:<type>` resource)
     prices: Any = None  # {type: USD per GPU-hour} (typed Any: OmegaConf cannot merge a dict into a None Dict node)
@@ -165,6 +166,11 @@ class CapacityConf:
 
 
 @dataclass
+class RecheckConf:
+    best: str | None = None  # a best/ folder to re-certify (else study.name's: results/<study.name>/best)
+
+
+@dataclass
 class PlanConf:
     """mode=plan: the replicas a day of demand needs, read from a finished capacity or goodput study."""
 
@@ -175,7 +181,7 @@ class PlanConf:
 
 @dataclass
 class Config:
-    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity | plan
+    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity | recheck | plan
     backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | twin | fake
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
@@ -190,6 +196,7 @@ class Config:
     study: StudyConf = field(default_factory=StudyConf)
     slo: SloConf = field(default_factory=SloConf)
     capacity: CapacityConf = field(default_factory=CapacityConf)
+    recheck: RecheckConf = field(default_factory=RecheckConf)
     plan: PlanConf = field(default_factory=PlanConf)
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)

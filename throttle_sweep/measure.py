@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from throttle_sweep.cost import Price, usd_per_mtok
+from throttle_sweep.energy import Meter, energy_note, joules_per_token, joules_text, meter_for
 from throttle_sweep.engines.base import Engine, EngineSession
 from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.records import SCHEMA_VERSION
@@ -91,8 +92,17 @@ def steady_window(result: DriveResult) -> tuple[float, int] | None:
     return None if end is None or tokens == 0 else (end - result.started_s, tokens)
 
 
+def energy_used(result: DriveResult) -> tuple[float | None, float | None]:
+    """Joules the engine's GPUs used over the whole run and over its steady window (steady_window), from the
+    meter's readings at their edges; None where a reading is missing."""
+    start, window_end, end = result.energy_j or (None, None, None)
+    return (None if start is None or end is None else end - start,
+            None if start is None or window_end is None else window_end - start)
+
+
 def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str, Any]:
-    """The measured part of a record, from the driver's per-request and per-step timings."""
+    """The measured part of a record, from the driver's per-request and per-step timings (and the energy
+    meter's readings, if it had one)."""
     done = [t for t in result.timings if t.finished_s is not None]
     started = [t for t in done if t.first_token_s is not None]
     ttft = [t.first_token_s - t.scheduled_s for t in started]  # from when it was due, not when it got in
@@ -103,6 +113,7 @@ def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str
     input_tokens = sum(t.prompt_tokens for t in done)
     output_tokens = sum(t.output_tokens for t in done)
     wall_s = result.wall_s
+    energy_j, steady_j = energy_used(result)
     out: dict[str, Any] = {
         "wall_s": wall_s,
         "requests_completed": len(done),
@@ -113,19 +124,23 @@ def summarise(result: DriveResult, spec: WorkloadSpec, price: Price) -> dict[str
         "output_tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
         # closed loop: cost of this fixed work; open loop: cost at the offered load (follows the arrivals)
         "cost_basis": "fixed_work" if spec.loop == "closed" else "offered_load",
-        "usd_per_mtok": usd_per_mtok(price, wall_s, output_tokens),
+        "usd_per_mtok": usd_per_mtok(price, wall_s, output_tokens, energy_j),
         # every token the engine processed (prompt + output) over the same wall time; not an input/output split
-        "usd_per_mtok_total": usd_per_mtok(price, wall_s, input_tokens + output_tokens),
+        "usd_per_mtok_total": usd_per_mtok(price, wall_s, input_tokens + output_tokens, energy_j),
         "peak_kv_cache_usage": result.peak_kv_cache_usage,
         "latency_s": {"ttft": percentiles(ttft), "tpot": percentiles(tpot), "itl": percentiles(itl),
                       "e2e": percentiles(e2e)},
     }
+    if result.energy_j is not None:
+        out.update(energy_j=energy_j, j_per_output_token=joules_per_token(energy_j, output_tokens))
     window = steady_window(result)
     if window is not None:
         seconds, tokens = window
-        out["steady"] = {"usd_per_mtok": usd_per_mtok(price, seconds, tokens), "window_s": seconds,
+        out["steady"] = {"usd_per_mtok": usd_per_mtok(price, seconds, tokens, steady_j), "window_s": seconds,
                          "output_tokens": tokens, "drain_share": 1 - seconds / wall_s if wall_s > 0 else 0.0,
                          "in_flight": result.full}
+        if result.energy_j is not None:
+            out["steady"].update(energy_j=steady_j, j_per_output_token=joules_per_token(steady_j, tokens))
     if spec.loop == "open":
         out["lateness_s"] = {**percentiles(late), "max": max(late) if late else None,
                              "beyond_steps_p99": behind_schedule(result)}
@@ -163,6 +178,7 @@ def record_header(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, 
         "usd_per_gpu_hour": price.usd_per_gpu_hour,
         "gpus": price.gpus,
         "price_is_assumed": True,
+        **({"usd_per_kwh": price.usd_per_kwh} if price.usd_per_kwh is not None else {}),
         "workload": asdict(spec),
         "environment": dict(environment if environment is not None else engine.environment()),
         "node": socket.gethostname(),
@@ -187,16 +203,19 @@ def measure_replicate(
     position: int,
     environment: Mapping[str, Any] | None = None,
     context: Mapping[str, Any] | None = None,
+    energy: Meter | str | None = None,
 ) -> dict[str, Any]:
     """Measure once on a fresh engine, started here and shut down after (mode=measure). The returned record
-    has status 'ok', or 'failed' with the engine's reason."""
+    has status 'ok', or 'failed' with the engine's reason. `energy`: the GPUs' meter, or why there is none
+    (default: energy.meter_for the engine)."""
     record = record_header(engine, flags, spec, price, run_id=run_id, arm=arm, position=position,
                            environment=environment, context=context)
     session = None
     try:
         session = engine.start(flags)
         record["engine_start_s"] = session.start_seconds
-        measure_on(session, flags, spec, price, record)
+        measure_on(session, flags, spec, price, record,
+                   energy=meter_for(engine.name, flags) if energy is None else energy)
     except EngineStartError as exc:
         record.update(status="failed", reason=str(exc), failed_at="start")
     except Exception as exc:  # an engine bug must not take the caller down; keep its trace in the record
@@ -228,12 +247,28 @@ def judge(record: dict[str, Any], result: DriveResult) -> None:
         record.update(status="void", reason=why, void=why)
 
 
+def judge_energy(record: dict[str, Any], energy: Meter | str | None, price: Price) -> None:
+    """Why the replicate has no energy reading, if it has none (kept in the record; the run says it once);
+    with a price of energy, such a replicate cannot be priced, so it fails."""
+    if record.get("energy_j") is not None:
+        return
+    if energy is not None:
+        record["energy_off"] = energy if isinstance(energy, str) else energy.off or "the meter gave no reading"
+    if price.usd_per_kwh is not None and record["status"] == "ok":
+        record.update(status="failed", reason=(
+            f"cost.usd_per_kwh={price.usd_per_kwh:g} prices the energy the GPUs use, but this replicate has no "
+            f"energy reading ({record.get('energy_off') or 'this engine runs on no GPU'}): its cost cannot be "
+            "priced"))
+
+
 def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadSpec, price: Price,
-               record: dict[str, Any], *, cold: bool = True) -> dict[str, Any]:
+               record: dict[str, Any], *, cold: bool = True, energy: Meter | str | None = None) -> dict[str, Any]:
     """One replicate on a running engine: warm-up requests (on a `cold` engine, one that has not run this
-    workload yet), the fixed work, the engine's own counters. Fills `record` (status 'ok', or 'failed' with
-    the reason) and returns it; never raises for the engine's faults."""
+    workload yet), the fixed work, the engine's own counters, and with a meter (`energy`) the energy its GPUs
+    used (else `energy` says why none was measured). Fills `record` (status 'ok', or 'failed' with the
+    reason) and returns it; never raises for the engine's faults."""
     price = price.charged(flags)
+    meter = energy if isinstance(energy, Meter) else None
     record["kv_cache"] = {"blocks": getattr(session, "kv_blocks", None),
                           "block_size": getattr(session, "kv_block_size", None)}
     if (log := getattr(session, "log_path", None)) is not None:  # a server's own log (backend=server)
@@ -261,7 +296,8 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
         if load is not None:
             load()
         result = drive(session, make_requests(spec), loop=spec.loop, concurrency=spec.concurrency,
-                       batch_limit=getattr(session, "max_num_seqs", None) or flags.get("max_num_seqs"))
+                       batch_limit=getattr(session, "max_num_seqs", None) or flags.get("max_num_seqs"),
+                       meter=None if meter is None else meter.joules)
         record.update(summarise(result, spec, price))
         if load is not None:
             record["client"] = load()
@@ -273,6 +309,7 @@ def measure_on(session: EngineSession, flags: Mapping[str, Any], spec: WorkloadS
             record["prefix_cache"] = {"queries": queries, "hits": hits,
                                       "hit_rate": hits / queries if queries else None}
         judge(record, result)
+        judge_energy(record, energy, price)
     except EngineRunError as exc:
         record.update(status="failed", reason=str(exc), failed_at="run")
     except Exception as exc:  # an engine bug must not take the sweep down; keep its trace in the record
@@ -298,6 +335,12 @@ def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def closing_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a run says once, at its end, of all its replicates: work too short for its timer, energy that was
+    not measured (and why)."""
+    return [n for n in (short_work_note(records), energy_note(records)) if n is not None]
+
+
 def one_line(record: Mapping[str, Any], price: Price) -> str:
     """The one-line result users read: throughput, cost, preemptions, tail latency."""
     price = price.charged(record.get("flags") or {})
@@ -308,11 +351,12 @@ def one_line(record: Mapping[str, Any], price: Price) -> str:
     lat = record["latency_s"]
     steady = record.get("steady")
     if steady:
-        cost = (f"${steady['usd_per_mtok']:.4f}/M output tokens steady ({price.label()}; "
+        cost = (f"${steady['usd_per_mtok']:.4f}/M output tokens steady{joules_text(steady)} ({price.label()}; "
                 f"${record['usd_per_mtok']:.4f}/M for the whole fixed work, {100 * steady['drain_share']:.0f}% of it "
                 "draining)")
     else:
-        cost = f"${record['usd_per_mtok']:.4f}/M output tokens at the offered load ({price.label()})"
+        cost = (f"${record['usd_per_mtok']:.4f}/M output tokens at the offered load{joules_text(record)} "
+                f"({price.label()})")
     line = (f"{record['output_tokens_per_s']:.1f} output tok/s  {cost}  preemptions={record['preemptions']}  "
             f"p95 TTFT={lat['ttft']['p95'] * 1e3:.1f} ms  p95 TPOT={lat['tpot']['p95'] * 1e3:.2f} ms  "
             f"p95 ITL={lat['itl']['p95'] * 1e3:.2f} ms  p95 E2E={lat['e2e']['p95']:.3f} s  "

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from throttle_sweep.analysis import BASIS_LABEL, Analysis
+from throttle_sweep.analysis import BASIS_LABEL, Analysis, judged_joules
 from throttle_sweep.cost import Price
 from throttle_sweep.fitting import fit
 from throttle_sweep.schedule import BASELINE, CANDIDATE
@@ -21,10 +21,11 @@ def summary(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> 
         "labels": analysis.labels,
         "thresholds": vars(thresholds),
         "price": None if price is None else {"usd_per_gpu_hour": price.usd_per_gpu_hour, "gpus": price.gpus,
-                                             "assumed": True},
+                                             "usd_per_kwh": price.usd_per_kwh, "assumed": True},
         "cost_basis": analysis.basis,
         "replicates": [{"position": r["position"], "arm": r["arm"], "usd_per_mtok": r.get("usd_per_mtok"),
                         "judged_usd_per_mtok": analysis.cost_of(r) if r.get("status", "ok") == "ok" else None,
+                        "judged_j_per_output_token": judged_joules(r, analysis.basis),
                         "status": r.get("status", "ok"), "preemptions": r.get("preemptions"),
                         "record_id": r.get("record_id")} for r in analysis.records],
         "notes": analysis.notes,
@@ -44,7 +45,9 @@ def lines(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> li
     out = []
     for arm in (BASELINE, CANDIDATE):
         cells = "".join(f"  ${c:.4g}" for _, c in analysis.costs(arm))
-        out.append(f"{analysis.labels[arm]:<{width}} {cells}")
+        joules = analysis.joules(arm)
+        out.append(f"{analysis.labels[arm]:<{width}} {cells}" + ("" if joules is None else
+                                                                 f"  (mean {joules:.3g} J/output token)"))
     basis = BASIS_LABEL[analysis.basis]
     out.append(f"($ per million output tokens, {basis}" + (f", {price.label()})" if price is not None else ")"))
     est = analysis.estimate
@@ -70,12 +73,16 @@ def write(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Pric
     data = summary(analysis, thresholds, price)
     paths = {"json": out_dir / "summary.json", "md": out_dir / "summary.md"}
     paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True, default=float) + "\n")
+    # a column of joules per output token where the GPUs' energy was measured
+    energy = " J/output token |" if any(r["judged_j_per_output_token"] for r in data["replicates"]) else ""
     md = ["# Comparison", "", "```", *lines(analysis, thresholds, price), "```", "",
-          f"| position | arm | $/M output tokens ({BASIS_LABEL[analysis.basis]}) | status | preemptions |",
-          "|---|---|---|---|---|"]
+          f"| position | arm | $/M output tokens ({BASIS_LABEL[analysis.basis]}) |{energy} status | preemptions |",
+          "|---|---|---|---|---|" + ("---|" if energy else "")]
     for r in data["replicates"]:
         cost = "" if r["judged_usd_per_mtok"] is None else f"{r['judged_usd_per_mtok']:.4g}"
-        md.append(f"| {r['position']} | {analysis.labels[r['arm']]} | {cost} | {r['status']} | {r['preemptions']} |")
+        joules = "" if r["judged_j_per_output_token"] is None else f"{r['judged_j_per_output_token']:.3g}"
+        md.append(f"| {r['position']} | {analysis.labels[r['arm']]} | {cost} |{f' {joules} |' if energy else ''} "
+                  f"{r['status']} | {r['preemptions']} |")
     if plot and analysis.estimate is not None:
         paths["png"] = out_dir / "replicates.png"
         plot_replicates(analysis, paths["png"])

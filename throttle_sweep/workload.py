@@ -12,7 +12,7 @@ import json
 import math
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -328,6 +328,8 @@ class DriveResult:
     steps: list[Step] = field(default_factory=list)
     full: int = 0  # closed loop: in flight = the whole concurrency (see `drive`'s batch_limit)
     schedule: str = ""  # fingerprint of what each step gave to whom (see `drive`)
+    # the meter's readings (joules) at the start, at the end of the steady window and at the end; None: no meter
+    energy_j: tuple[float | None, float | None, float | None] | None = None
 
     @property
     def wall_s(self) -> float:
@@ -335,7 +337,7 @@ class DriveResult:
 
 
 def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, concurrency: int,
-          batch_limit: int | None = None) -> DriveResult:
+          batch_limit: int | None = None, meter: Callable[[], float | None] | None = None) -> DriveResult:
     """Push every request through the session: a closed loop keeps `concurrency` in flight; an open loop
     submits each at its arrival offset (it can only do so between steps, so it records when each was due:
     latency counts from then; a session waiting for a server's next chunk, `step_until`, stops waiting at the
@@ -346,7 +348,11 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
     place in `requests`) got how many tokens, and, where the session can tell (`computed_tokens`), how many
     tokens its scheduler has computed for each: where a session's steps are the engine's own (the in-process
     engine core), two runs with the same fingerprint are the same sequence of batches, prefill chunks
-    included."""
+    included.
+
+    `meter` (joules, energy.Meter) is read just before the start, between the last step that began with the
+    engine full and the next (the end of the steady window measure.steady_window computes), and just after
+    the last step: outside every timed step, so its reads cost the engine nothing it is timed for."""
     order = {r.id: i for i, r in enumerate(requests)}
     trace = hashlib.sha256()
     computed_tokens = getattr(session, "computed_tokens", dict)  # what the scheduler computed, if it can say
@@ -356,6 +362,10 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
     timings: dict[str, RequestTiming] = {}
     steps: list[Step] = []
     in_flight, peak_kv = 0, 0.0
+    full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0
+    at_start = meter() if meter is not None else None
+    at_window_end: float | None = None
+    window_open = meter is not None and full > 0
     started = session.now()
 
     def submit(request: Request) -> None:
@@ -377,6 +387,8 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
             if not in_flight:
                 session.wait_until(started + pending[-1].arrival_s)
                 continue
+        if window_open and in_flight < full:  # in a closed loop, never full again: the steady window is over
+            at_window_end, window_open = meter(), False
         began_with, began = in_flight, session.now()
         if loop == "open" and pending and step_until is not None:  # a wall-clock wait: end it at the next arrival
             events = step_until(started + pending[-1].arrival_s)
@@ -405,6 +417,8 @@ def drive(session: EngineSession, requests: Sequence[Request], *, loop: str, con
         computed = computed_tokens()
         trace.update(repr((began_with, sorted((order[e.request_id], e.output_tokens) for e in events),
                            sorted((order[r], n) for r, n in computed.items() if r in order))).encode())
-    full = min(concurrency, len(requests), batch_limit or concurrency) if loop == "closed" else 0
-    return DriveResult([timings[r.id] for r in requests], started, session.now(), peak_kv, steps, full,
-                       trace.hexdigest()[:16])
+    finished = session.now()
+    at_end = meter() if meter is not None else None
+    energy = None if meter is None else (at_start, at_end if window_open else at_window_end, at_end)
+    return DriveResult([timings[r.id] for r in requests], started, finished, peak_kv, steps, full,
+                       trace.hexdigest()[:16], energy)

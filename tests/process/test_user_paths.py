@@ -129,7 +129,7 @@ def test_a_misspelt_flag_or_key_without_a_plus_gets_the_nearest_valid_names(tmp_
 
 def test_help_describes_the_modes_and_examples_not_a_config_dump(tmp_path):
     text = ok(cli(tmp_path, "--help"))
-    for mode in ("measure", "compare", "sweep", "analyze", "export", "capacity", "plan"):
+    for mode in ("measure", "compare", "sweep", "analyze", "export", "recheck", "capacity", "plan"):
         assert f"mode={mode}" in text
     assert "+space=batching" in text and "space: batching" in text
     assert "num_requests: 64" not in text and len(text.splitlines()) < 60
@@ -274,3 +274,8 @@ def test_a_config_group_given_a_value_and_a_bad_key_in_a_chosen_file_are_one_lin
     said = refused(cli(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+experiment=mine", "backend=fake"))
     assert "unknown config key 'workload.num_request' (set in a config file the command line chose" in said
     assert "workload.num_requests" in said
+
+
+def test_a_recheck_of_a_study_that_is_not_there_exits_2_naming_it(tmp_path):
+    said = refused(cli(tmp_path, "mode=recheck", "study.name=gone"))
+    assert "study.name='gone': no study folder results/gone" in said

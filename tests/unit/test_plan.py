@@ -72,6 +72,70 @@ def test_the_wall_time_budget_starts_no_comparison_that_would_run_past_it(monkey
     assert why is not None and "wall-time budget" in why and "40 s" in why
 
 
+def test_the_budgets_keep_what_the_confirmation_needs():
+    """A comparison is started only if the confirmation of the best so far still fits after it, in dollars and
+    in wall time: a search that spends the whole budget leaves no answer to quote."""
+    from types import SimpleNamespace
+
+    from throttle_sweep.search import budget
+
+    plan = project(trials=4, replicates=4, warmup=False, confirm=2, confirm_replicates=4, joint=True, slots=1,
+                   baseline_s=10.0, yardstick_s=5.0, candidate_s=5.0, usd_per_s=0.01)
+    assert plan.per_trial_s == 40.0 and plan.confirm_s == 4 * 10.0 + 2 * 4 * 5.0  # 80 s, alone
+    assert plan.confirm_usd == pytest.approx(0.80)
+    view = SimpleNamespace(measured_trials=lambda: 1)
+    dollars = SimpleNamespace(n_trials=10, timeout_s=None, budget_usd=1.3, usd_per_gpu_hour=36.0)  # $0.01/s
+    runner = SimpleNamespace(settings=dollars, view=view, records=[], began=0.0)
+    assert budget.budget_left(runner, plan) is None  # 0.40 + 0.80 of 1.30
+    dollars.budget_usd = 1.1  # a comparison fits, but not with the confirmation after it
+    why = budget.budget_left(runner, plan)
+    assert why is not None and "dollar budget" in why and "confirmation up to about $0.8000" in why
+    clock = SimpleNamespace(n_trials=10, timeout_s=100.0, budget_usd=None, usd_per_gpu_hour=1.39)
+    runner = SimpleNamespace(settings=clock, view=view, records=[], began=budget.time.monotonic())
+    why = budget.budget_left(runner, plan)  # 40 s + 80 s > 100 s
+    assert why is not None and "wall-time budget" in why and "confirmation up to about 80 s" in why
+
+
+def test_a_dollar_budget_binds_the_confirmation_too(tmp_path):
+    """What the whole sweep spent, confirmation included, stays within study.budget_usd, and it still ends with
+    an answer (the search stopped early enough to confirm its best)."""
+    console = Console(record=True, width=300)
+    settings = ["study.n_trials=6", "compare.replicates=4", "study.sequential=false"]
+    assert sweep_cmd.run(compose_cfg(*DEMO, *settings, "study.name=free", tmp_path=tmp_path), console) == 0
+    records = read_records(tmp_path / "free" / "replicates.jsonl")
+    usd = {stage: engine_seconds([r for r in records if r["stage"] == stage]) / 3600 * 1.39
+           for stage in ("probe", "search", "confirm")}
+    one = usd["search"] / len({r["trial"] for r in records if r["stage"] == "search"})
+    budget = usd["probe"] + 1.5 * one + usd["confirm"]  # without the confirmation's share kept: three comparisons
+    console = Console(record=True, width=300)
+    code = sweep_cmd.run(compose_cfg(*DEMO, *settings, "study.name=capped", f"study.budget_usd={budget}",
+                                     tmp_path=tmp_path), console)
+    said = console.export_text()
+    records = read_records(tmp_path / "capped" / "replicates.jsonl")
+    assert code == 0 and [r for r in records if r["stage"] == "confirm"], said
+    assert engine_seconds(records) / 3600 * 1.39 <= budget, said
+    assert "and the confirmation up to about" in said
+
+
+def test_a_confirmation_started_with_its_budget_spent_runs_nothing_and_says_who_is_left_unconfirmed():
+    """On a resume whose budget is already spent (the search keeps the confirmation's share only within one
+    run), the confirmation starts no comparison; the sweep says which trials stay unconfirmed."""
+    from types import SimpleNamespace
+
+    from throttle_sweep.search.confirm import Confirm
+
+    said: list[str] = []
+    settings = SimpleNamespace(timeout_s=None, budget_usd=0.01, usd_per_gpu_hour=36.0, shared_baseline=True)
+    runner = SimpleNamespace(settings=settings, records=[{"wall_s": 2.0}], began=0.0, say=said.append,
+                             pool=SimpleNamespace(slots=[0], shares_machine=True))  # $0.02 spent of $0.01
+    view = SimpleNamespace(settings=settings)
+    stage = Confirm(runner, view, [SimpleNamespace(number=3), SimpleNamespace(number=5)], family=2, ranked=True)
+    assert stage.next(0) is None and stage.next(0) is None
+    assert stage.stopped_by is not None and "study.budget_usd" in stage.stopped_by
+    assert said == ["confirm: stopped, dollar budget spent ($0.0200 of $0.01 at the assumed price) "
+                    "(study.budget_usd=0.01); not confirmed: trial 3, trial 5"]
+
+
 def test_a_calibration_run_of_the_very_work_is_the_baselines_probe_and_the_plan_follows_it(tmp_path):
     """Work sized by time whose size comes out as configured (the loop's concurrency is the floor): the
     calibration run is the baseline's run of this work, so it is not run again before the plan."""

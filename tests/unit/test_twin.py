@@ -4,6 +4,8 @@ predicts; these tests hold it to what it was calibrated on and to its own rules,
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from throttle_sweep.engines.base import Request
@@ -44,6 +46,38 @@ def test_the_a100_twin_reproduces_the_published_experiment_it_was_calibrated_on(
     eight, _ = closed_loop(engine.start({"model": QWEN, "max_num_seqs": 8}), requests=64, in_flight=8)
     assert one == pytest.approx(516, rel=0.03) and eight == pytest.approx(1650, rel=0.03)
     assert 1.39 / 3600 / (eight / 1e6) / (1.39 / 3600 / (one / 1e6)) == pytest.approx(0.314, abs=0.01)
+
+
+def nano_vllm_bench(session) -> float:
+    """nano-vllm's bench.py as its vLLM line runs it: 256 requests at once, prompts of 100-1024 random tokens and
+    100-1024 output tokens drawn from random.seed(0) in its order (133,966 output tokens), through LLM.generate."""
+    rng = random.Random(0)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1024))] for _ in range(256)]
+    outputs = [rng.randint(100, 1024) for _ in range(256)]
+    assert sum(outputs) == 133_966
+    session.begin_replicate(0)
+    for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        session.add(Request(f"r{i}", output, tuple(prompt)))
+    while session.has_unfinished():
+        session.step()
+    return sum(outputs) / session.now()
+
+
+def test_the_large_batch_host_reproduces_the_published_offline_a800_run():
+    """vLLM 0.10.2's offline LLM on an A800-SXM4-80GB (an A100 by bandwidth and FLOP/s; LLM-class defaults
+    for that name, 1024 sequences and 16384 tokens), Qwen2.5-0.5B, nano-vllm's bench: 17,711 output tokens/s
+    (cosmoliu2002/nano-vllm-triton issue #1). The seed's host, extrapolated to 256 sequences, predicts about
+    2,300: ten times less (docs/twin.md, Calibration)."""
+    flags = {"model": QWEN, "max_num_seqs": 1024, "max_num_batched_tokens": 16384, "max_model_len": 4096}
+    large = nano_vllm_bench(TwinEngine(TwinConf(gpu="A100", noise_sd=0.0, host="large-batch")).start(flags))
+    seed = nano_vllm_bench(TwinEngine(TwinConf(gpu="A100", noise_sd=0.0)).start(flags))
+    assert large == pytest.approx(17_711, rel=0.03)
+    assert seed < large / 5
+
+
+def test_a_host_the_twin_does_not_know_is_named_with_those_it_does():
+    with pytest.raises(ConfigError, match=r"twin.host must be one of large-batch, seed.*'fast'"):
+        TwinEngine(TwinConf(host="fast")).start({"model": QWEN})
 
 
 def test_the_model_shape_is_read_from_config_json():
@@ -123,3 +157,38 @@ def test_an_unknown_gpu_or_model_is_named_with_what_the_twin_knows(tmp_path):
         own.start({"model": "org/unknown"})
     with pytest.raises(ConfigError, match="twin.jitter must be a probability"):
         TwinEngine(TwinConf(jitter=2))
+
+
+def test_measured_kernels_are_an_optional_extra_named_where_it_is_missing(monkeypatch):
+    """twin.step_time=aiconfigurator without aiconfigurator-core installed: the extra is named, before a run."""
+    import sys
+
+    from throttle_sweep.engines.twin import aiconfigurator
+
+    monkeypatch.setitem(sys.modules, "aiconfigurator_core", None)  # an import of it fails, installed or not
+    aiconfigurator._model.cache_clear()
+    with pytest.raises(ConfigError, match=r"twin.step_time=aiconfigurator needs the optional extra: pip install "
+                                          r"'throttle-sweep\[twin-aic\]'"):
+        TwinEngine(TwinConf(gpu="H100", step_time="aiconfigurator")).start({"model": QWEN})
+    aiconfigurator._model.cache_clear()
+
+
+def test_measured_kernels_on_a_gpu_they_do_not_cover_and_an_unknown_step_time_are_refused():
+    with pytest.raises(ConfigError, match=r"no vLLM data for twin.gpu=L4: it covers H100-80GB, H200, A100-80GB"):
+        TwinEngine(TwinConf(gpu="L4", step_time="aiconfigurator")).start({"model": QWEN})
+    with pytest.raises(ConfigError, match=r"twin.step_time must be one of roofline, aiconfigurator.*'kernels'"):
+        TwinEngine(TwinConf(step_time="kernels"))
+
+
+def test_measured_kernels_set_the_gpus_part_of_a_step_where_the_extra_is_installed():
+    """Where aiconfigurator-core is installed (the twin-aic extra; not in CI): a 1-sequence decode step of
+    Qwen2.5-0.5B on the H100 takes 1.19 ms of GPU time in its measured kernels (the roofline says 1.55), and
+    the host's part stays the twin's (benchmarks/twin_step_time.py puts the two side by side)."""
+    pytest.importorskip("aiconfigurator_core")
+    flags = {"model": QWEN, "max_num_seqs": 8}
+    measured = TwinEngine(TwinConf(gpu="H100", step_time="aiconfigurator")).start(flags).roofline
+    modelled = TwinEngine(TwinConf(gpu="H100")).start(flags).roofline
+    step = Batch(prefill_tokens=0, decode_seqs=1, kv_tokens=300, sampled=1, seqs=1)
+    assert measured.gpu_seconds(step) == pytest.approx(1.194e-3, rel=0.02)
+    assert modelled.gpu_seconds(step) == pytest.approx(1.55e-3, rel=0.02)
+    assert measured.host_seconds(step) == modelled.host_seconds(step)

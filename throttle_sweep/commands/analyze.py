@@ -32,7 +32,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         return 1
     for entry in chosen:
         first = entry.records[0]
-        price = Price(first["usd_per_gpu_hour"], first["gpus"]) if "usd_per_gpu_hour" in first else None
+        price = (Price(first["usd_per_gpu_hour"], first["gpus"], first.get("usd_per_kwh"))
+                 if "usd_per_gpu_hour" in first else None)
         theirs = "schema_version" not in first  # a user's CSV: bad data is an error, not a withheld verdict
         if theirs:
             check_positions(entry.records, str(path))

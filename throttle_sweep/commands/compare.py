@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from functools import partial
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from throttle_sweep import calibration
-from throttle_sweep.analysis import analyse, arm_labels
+from throttle_sweep.analysis import Analysis, analyse, arm_labels
 from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
-from throttle_sweep.measure import short_work_note
+from throttle_sweep.measure import closing_notes
 from throttle_sweep.progress import progress_for
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.report import lines, write
 from throttle_sweep.runlock import hold
 from throttle_sweep.schedule import BASELINE, CANDIDATE
-from throttle_sweep.settings.compare import load_compare
+from throttle_sweep.settings.compare import CompareRun, load_compare
 from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.slot import WarmSlot
 
@@ -28,6 +29,15 @@ def run(cfg: DictConfig, console: Console) -> int:
     r = load_compare(cfg)  # every check before any engine starts
     for note in r.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
+    result = measure_comparison(r, cfg, console)
+    return result if isinstance(result, int) else 0
+
+
+def measure_comparison(r: CompareRun, cfg: DictConfig, console: Console, *,
+                       context: Mapping[str, Any] | None = None) -> Analysis | int:
+    """The comparison `r` measured in its folder (saving `cfg` there), printed and summarised: its analysis,
+    or the exit code of a calibration run that failed (1) or a run that was interrupted (130). `context`
+    joins every record (mode=recheck names the export it re-measures)."""
     spec, engine, price, arms, order, warm, out = r.spec, r.engine, r.price, r.arms, r.order, r.warm, r.out
     with hold(out, what=f"run {out.name!r}"):  # one writer per results folder
         claim_run_folder(out, r.config, "compare")
@@ -49,8 +59,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         elif done:
             console.print(f"already measured: all {len(done)} replicates")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **warm)  # the environment is read where the engine runs
-        measure = partial(_measure, slot, context={"comparison": comparison, "schedule": r.schedule,
-                                                   "runs_planned": len(order)},
+        measure = partial(_measure, slot, context={**(context or {}), "comparison": comparison,
+                                                   "schedule": r.schedule, "runs_planned": len(order)},
                           warmup=r.warmup)
         progress = progress_for(console, len(order) - len(done), best=False)
         before = len(log.records)
@@ -75,10 +85,10 @@ def run(cfg: DictConfig, console: Console) -> int:
         for line in lines(analysis, r.thresholds, price):
             console.print(line, highlight=False)
         paths = write(out, analysis, r.thresholds, price, plot=r.plots)
-    if (note := short_work_note(records)) is not None:
+    for note in closing_notes(records):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
-    return 0
+    return analysis
 
 
 def sized_by_time(spec, engine, price, baseline, log: RecordLog, *, run_id: str, warm: dict, say):

@@ -59,24 +59,41 @@ def export_winner(study: optuna.Study, out: Path, *, into: Path | None = None) -
     summary = {"ratio_vs_baseline": winner["ratio"], "ci": winner["ci"], "trial": winner["trial"],
                "baseline": measured["baseline"], "workload": measured["workload"], "study": study.study_name,
                "usd_per_gpu_hour_assumed": cost.get("usd_per_gpu_hour"), "gpus": cost.get("gpus"),
-               **{k: winner[k] for k in ("p_best", "p_within_margin", "tiebreak") if k in winner}}
+               **{k: winner[k] for k in ("p_best", "p_within_margin", "tiebreak") if k in winner},
+               # what a recheck (mode=recheck) measures again, and the versions it was measured with
+               "backend": measured["backend"], "engine": measured["engine"], "cost": cost or None,
+               "measured_with": measured_with(out, winner)}
     remeasure = {"backend": measured["backend"], "engine": {**measured["engine"], **winner["params"]},
                  "workload": measured["workload"], **({"cost": cost} if cost else {})}
     return export_best((into or out) / "best", engine_flags=flags, params=winner["params"], summary=summary,
                        hydra_overrides=overrides_for(remeasure))
 
 
+def winner_record(out: Path, winner: Mapping[str, Any], field: str) -> dict[str, Any] | None:
+    """`field` of the first of the winner's confirmation runs (candidate arm) whose record has it."""
+    path = out / "replicates.jsonl"
+    if not path.is_file():
+        return None
+    for record in read_records(path):
+        if (record.get("stage") == "confirm" and record.get("trial") == winner["trial"]
+                and record.get("arm") == "candidate" and record.get(field)):
+            return dict(record[field])
+    return None
+
+
 def served_defaults(out: Path, winner: Mapping[str, Any]) -> dict[str, Any]:
     """The flags left to vLLM's default that the winner's confirmation runs resolved as `vllm serve` does
     (records' `served_defaults`, in-process engines), so the export serves them on any machine."""
-    path = out / "replicates.jsonl"
-    if not path.is_file():
-        return {}
-    for record in read_records(path):
-        if (record.get("stage") == "confirm" and record.get("trial") == winner["trial"]
-                and record.get("arm") == "candidate" and record.get("served_defaults")):
-            return dict(record["served_defaults"])
-    return {}
+    return winner_record(out, winner, "served_defaults") or {}
+
+
+VERSIONS = ("engine", "vllm_version", "torch_version", "driver_version", "device", "device_name")
+
+
+def measured_with(out: Path, winner: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The engine, versions and device the winner's confirmation ran on (its records' `environment`)."""
+    environment = winner_record(out, winner, "environment")
+    return None if environment is None else {k: environment.get(k) for k in VERSIONS}
 
 
 def export_keeping_the_old(study: optuna.Study, out: Path, say: Callable[[str], None]) -> dict[str, Path]:

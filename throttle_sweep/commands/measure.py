@@ -7,7 +7,7 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep.measure import measure_replicate, one_line, short_work_note
+from throttle_sweep.measure import closing_notes, measure_replicate, one_line
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
@@ -41,7 +41,7 @@ def run(cfg: DictConfig, console: Console) -> int:
                                    position=len(log.records))
         log.append(record)
     console.print(one_line(record, price))
-    if (note := short_work_note([record])) is not None:
+    for note in closing_notes([record]):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"record: {log.path}")
     return 0 if record["status"] == "ok" else 1

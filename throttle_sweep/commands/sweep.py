@@ -20,7 +20,7 @@ from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.compare import MAX_ATTEMPTS
 from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import short_work_note
+from throttle_sweep.measure import closing_notes
 from throttle_sweep.pool import Job, LocalPool
 from throttle_sweep.progress import Progress, progress_for
 from throttle_sweep.provenance import claim_run_folder, differences, has_records, refuse_conflicts
@@ -112,7 +112,7 @@ def run_locked(run: SweepRun, console: Console) -> int:
                 closer()
     for line in lines(result, run.price, settings.max_preemptions):
         say(line)
-    if (note := short_work_note(log.records)) is not None:
+    for note in closing_notes(log.records):
         say(f"[yellow]note:[/] {note}")
     twins = {(r.get("environment") or {}).get("device_name") for r in log.records
              if (r.get("environment") or {}).get("device") == "twin"}

@@ -62,3 +62,29 @@ def no_gpu(*, cpu: bool | None = None, nvml: Callable[[], Any] = load_nvml,
     finally:
         module.nvmlShutdown()
     return None if count > 0 else "NVML finds no GPU (the driver is loaded, but counts 0 devices)"
+
+
+def nvml_reading(read: Callable[[Any], Any], *, nvml: Callable[[], Any] = load_nvml) -> str | None:
+    """One string NVML tells (`read(module)`), or None where it cannot (no NVIDIA driver, as on a CPU machine)."""
+    try:
+        module = nvml()
+        module.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML library or driver: NVML's own error types, or an import
+        return None
+    try:
+        value = read(module)
+        return value.decode() if isinstance(value, bytes) else str(value)
+    except Exception:  # noqa: BLE001 - a driver that answers no such question
+        return None
+    finally:
+        module.nvmlShutdown()
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (what a recheck after a driver upgrade compares), None without one."""
+    return nvml_reading(lambda m: m.nvmlSystemGetDriverVersion())
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name as NVML gives it (vLLM's CUDA platform reads the same), None without one."""
+    return nvml_reading(lambda m: m.nvmlDeviceGetName(m.nvmlDeviceGetHandleByIndex(0)))

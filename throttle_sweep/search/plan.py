@@ -14,6 +14,8 @@ class Plan:
     usd: float
     per_trial_usd: float  # one search comparison at most
     per_trial_s: float  # its wall time on its slot
+    confirm_usd: float = 0.0  # the confirmation (and a tie-break, should it need one) at most: the search keeps it
+    confirm_s: float = 0.0  # ... its wall time (it runs alone)
 
     def sentence(self, *, slots: int, budget_usd: float | None, timeout_s: float | None,
                  basis: str = "the probes' run times") -> str:
@@ -22,10 +24,10 @@ class Plan:
                 f"price, projected from {basis}")
         if budget_usd is not None and self.usd > budget_usd:
             text += (f"; study.budget_usd={budget_usd:g} covers part of it: the search stops before a comparison "
-                     "would go over it (confirmation of the best so far still runs)")
+                     "would leave too little for the confirmation of the best so far")
         if timeout_s is not None and self.wall_s > timeout_s:
             text += (f"; study.timeout_s={timeout_s:g} ends the search before all of it: no comparison is started "
-                     "that would end after it")
+                     "that would leave too little time for the confirmation")
         return text
 
 
@@ -50,4 +52,4 @@ def project(*, trials: int, replicates: int, warmup: bool, confirm: int, confirm
     confirm_s += tie_s
     engine_s = search_s + confirm_s
     return Plan(runs, engine_s, search_s / max(1, slots) + confirm_s, engine_s * usd_per_s, trial_s * usd_per_s,
-                trial_s)
+                trial_s, confirm_s * usd_per_s, confirm_s)

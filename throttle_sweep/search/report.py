@@ -27,6 +27,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         a = t.user_attrs
         status = "ok" if t.state == TrialState.COMPLETE else t.state.name.lower()
         rows.append({"trial": t.number, "params": t.params, "usd_per_mtok": a.get("usd_per_mtok"),
+                     "j_per_output_token": a.get("j_per_output_token"),
                      "ratio": a.get("ratio"), "ci": a.get("ci"), "verdict": a.get("verdict"),
                      "preemptions": a.get("preemptions"), "feasible": feasible(t), "status": status,
                      "reason": a.get("reason"), "duplicate_of": a.get("duplicate_of"),
@@ -181,16 +182,19 @@ def lines(result: SweepResult, price: Price, max_preemptions: int) -> list[str]:
     versus = yardstick(result.study)
     base = result.study.user_attrs.get("baseline")
     many = len({r["ran_on"] for r in rows if r["ran_on"]}) > 1  # several slots: say which ran each trial
-    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  {'ratio [CI]':<22} {'verdict':<13} {'preempt':>7}  "
-           + (f"{'slot':<26}" if many else "") + "status"]
+    energy = any(r["j_per_output_token"] for r in rows)  # the GPUs' energy was measured: a column of J/token
+    out = [f"{'trial':>5}  {'flags':<44} {'$/M':>8}  " + (f"{'J/tok':>7}  " if energy else "")
+           + f"{'ratio [CI]':<22} {'verdict':<13} {'preempt':>7}  " + (f"{'slot':<26}" if many else "") + "status"]
     repeats = [r for r in rows if r["duplicate_of"] is not None]  # a line of their own, not one each
     for r in rows:
         if r["duplicate_of"] is not None:
             continue
         usd, ratio, status = row_cells(r, versus)
         slot = f"{r['ran_on'] or '-':<26}" if many else ""
-        out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {ratio:<22} {r['verdict'] or '-':<13} "
-                   f"{r['preemptions'] if r['preemptions'] is not None else '-':>7}  {slot}{status}")
+        joules = f"{r['j_per_output_token']:>7.3g}  " if r["j_per_output_token"] and usd != "-" else f"{'-':>7}  "
+        out.append(f"{r['trial']:>5}  {fmt_params(r['params']):<44} {usd:>8}  {joules if energy else ''}{ratio:<22} "
+                   f"{r['verdict'] or '-':<13} {r['preemptions'] if r['preemptions'] is not None else '-':>7}  "
+                   f"{slot}{status}")
     if repeats:
         out.append(f"{len(repeats)} more proposal(s) repeated flags already answered: not measured again (their "
                    "trials say duplicate_of in the study)")
@@ -270,12 +274,17 @@ def no_answer(result: SweepResult) -> str | None:
     """Why the sweep has no answer at all: its search stopped on its budget before any comparison was measured
     (the probes alone decide nothing), so no saving is claimed nor ruled out. None when it has one."""
     compared = any(r.get("stage") in ("search", "confirm") and r.get("status") == "ok" for r in result.records)
-    if result.stopped_by is None or compared or result.confirmations:
+    again = "raise study.timeout_s or study.budget_usd (or unset them) and run the same command again: it resumes"
+    if result.stopped_by is None or result.confirmations:
+        return None
+    if result.confirm_cut:
+        return (f"stopped before an answer: the budget ran out before any candidate was confirmed "
+                f"({result.stopped_by}), so no saving is claimed or ruled out; {again}")
+    if compared:
         return None
     return (f"stopped before an answer: the search's budget ran out before any comparison was measured "
             f"({result.stopped_by}), so no candidate was compared with the baseline and nothing is claimed or "
-            "ruled out; raise study.timeout_s or study.budget_usd (or unset them) and run the same command again: "
-            "it resumes")
+            f"ruled out; {again}")
 
 
 def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:

@@ -18,7 +18,8 @@ from throttle_sweep.search.options import SweepSettings
 
 # what a trial answered by another configuration's schedule takes over from it
 SCHEDULE_ATTRS = ("verdict", "ratio", "ci", "p_value", "se_log", "df", "preemptions", "baseline_preemptions",
-                  "p95_ttft_s", "p95_tpot_s", "p95_itl_s", "p95_e2e_s", "usd_per_mtok", "record_ids", "ran_on",
+                  "p95_ttft_s", "p95_tpot_s", "p95_itl_s", "p95_e2e_s", "usd_per_mtok", "j_per_output_token",
+                  "record_ids", "ran_on",
                   "constraints", "constraint_names")
 # what a trial is told from probes, not from a comparison of its own
 NOT_COMPARED = ("probe", "boundary", "schedule", "baseline")  # answered without a comparison of their own
@@ -55,6 +56,7 @@ def trial_summary(analysis: Analysis, settings: SweepSettings) -> dict[str, Any]
         "p95_itl_s": itl,
         "p95_e2e_s": sum(e2e) / len(e2e) if e2e else None,  # the candidate's, mean over its replicates
         "usd_per_mtok": geometric_mean(costs),
+        "j_per_output_token": analysis.joules(CANDIDATE),  # the candidate's mean, where energy was measured
         "record_ids": [r.get("record_id") for r in analysis.records],
         "ran_on": sorted({where(r) for r in analysis.records}),
         "notes": analysis.notes,

@@ -34,9 +34,32 @@ def price_from(cfg: DictConfig, *, typed: bool = False) -> Price:
     if not typed and cfg.cost.get("prices") is not None:
         raise ConfigError("cost.prices prices GPU types for a goodput sweep (study.objective=goodput with "
                           "ray.enabled=true); this run has one price: set cost.usd_per_gpu_hour instead")
-    price = Price(float(cfg.cost.usd_per_gpu_hour), int(cfg.cost.gpus))
+    kwh = cfg.cost.get("usd_per_kwh")
+    price = Price(float(cfg.cost.usd_per_gpu_hour), int(cfg.cost.gpus), kwh)
     price.check()
+    if kwh is not None and (why := no_energy_counter(cfg)) is not None:
+        raise ConfigError(f"cost.usd_per_kwh={kwh:g} prices the energy the engine's GPUs use, read from NVML's "
+                          f"energy counter, and there is no energy counter for this run: {why}; leave "
+                          "cost.usd_per_kwh unset (null) to price GPU-hours alone")
     return price
+
+
+def no_energy_counter(cfg: DictConfig) -> str | None:
+    """Why this run's replicates will have no energy to price, told before any engine starts; None where they
+    can. On Ray the slots' GPUs are not this machine's: a replicate without a reading fails there."""
+    from throttle_sweep import energy
+
+    if cfg.mode not in ("measure", "compare", "sweep"):
+        return f"mode={cfg.mode} prices capacity at a request rate, not a replicate's measured energy"
+    if cfg.mode == "sweep" and cfg.study.objective == "goodput":
+        return "study.objective=goodput prices capacity at a request rate, not a replicate's measured energy"
+    if cfg.backend not in ("vllm", "server"):
+        return (f"backend={cfg.backend} " + ("measures servers you run, whose GPUs this process cannot read"
+                                             if cfg.backend == "endpoint" else "runs on no GPU"))
+    if cfg.ray.enabled:
+        return None
+    meter = energy.open_meter(1)
+    return meter if isinstance(meter, str) else None
 
 
 def workload_from(cfg: DictConfig) -> WorkloadSpec:

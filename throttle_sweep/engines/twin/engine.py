@@ -22,10 +22,11 @@ from throttle_sweep.engines.fake import FakeKnobs, FakeSession
 from throttle_sweep.engines.twin.gpus import GpuSpec, describe, gpu_spec
 from throttle_sweep.engines.twin.memory import KvCache, kv_cache
 from throttle_sweep.engines.twin.model_shape import DTYPE_BYTES, ModelShape, load_shape
-from throttle_sweep.engines.twin.step_time import Batch, Efficiency, Roofline, graph_sizes
+from throttle_sweep.engines.twin.step_time import HOSTS, Batch, Efficiency, Roofline, graph_sizes
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.models import QWEN2_5_0_5B, QWEN2_5_7B
 
+STEP_TIMES = ("roofline", "aiconfigurator")
 # Hub names whose config.json ships in the package (nothing is fetched).
 SHIPPED_MODELS = {"Qwen/Qwen2.5-0.5B-Instruct": QWEN2_5_0_5B, "Qwen/Qwen2.5-0.5B": QWEN2_5_0_5B,
                   "Qwen/Qwen2.5-7B-Instruct": QWEN2_5_7B, "Qwen/Qwen2.5-7B": QWEN2_5_7B}
@@ -39,7 +40,9 @@ class TwinConf:
     jitter: float = 0.0  # the chance that an arriving request misses a step's scheduling (async scheduling)
     noise_sd: float = 0.01  # sd of log step time, drawn per replicate (run-to-run noise of a GPU)
     seed: int = 0
-    host_step_s: float | None = None  # the host's time per step and per sequence; null: calibrated (docs/twin.md)
+    host: str = "seed"  # the host's calibration (step_time.HOSTS): seed | large-batch (docs/twin.md)
+    step_time: str = "roofline"  # the GPU's part of a step: roofline | aiconfigurator (measured kernels, an extra)
+    host_step_s: float | None = None  # the host's time per step and per sequence; null: the calibration's
     host_per_seq_s: float | None = None
 
 
@@ -133,6 +136,12 @@ class TwinEngine:
         self.costs = costs or StartCosts()
         self.starts = 0
         self.compiled: set[str] = set()
+        if self.conf.host not in HOSTS:
+            raise ConfigError(f"twin.host must be one of {', '.join(sorted(HOSTS))} (docs/twin.md, Calibration), "
+                              f"but got {self.conf.host!r}")
+        if self.conf.step_time not in STEP_TIMES:
+            raise ConfigError(f"twin.step_time must be one of {', '.join(STEP_TIMES)} (docs/twin.md), but got "
+                              f"{self.conf.step_time!r}")
         if not 0 <= self.conf.jitter <= 1:
             raise ConfigError(f"twin.jitter must be a probability in [0, 1], but got {self.conf.jitter!r}")
 
@@ -170,9 +179,16 @@ class TwinEngine:
         max_len = int(resolved.get("max_model_len") or model.max_position)
         cache = kv_cache(model, self.gpu, resolved, kv_bytes_per_token=per_token, max_num_seqs=seqs,
                          max_num_batched_tokens=tokens, graphs=len(graphs), max_model_len=max_len, gpus=gpus)
-        efficiency = Efficiency(**{k: v for k, v in (("host_step_s", self.conf.host_step_s),
-                                                      ("host_per_seq_s", self.conf.host_per_seq_s)) if v is not None})
-        roofline = Roofline(model, self.gpu, per_token, graphs, efficiency, gpus=gpus)
+        step_s, per_seq_s = HOSTS[self.conf.host]
+        conf = self.conf
+        efficiency = Efficiency(host_step_s=step_s if conf.host_step_s is None else conf.host_step_s,
+                                host_per_seq_s=per_seq_s if conf.host_per_seq_s is None else conf.host_per_seq_s)
+        forward = None
+        if self.conf.step_time == "aiconfigurator":
+            from throttle_sweep.engines.twin.aiconfigurator import forward_pass
+
+            forward = forward_pass(Path(resolved["model"]), self.gpu, int(resolved.get("tensor_parallel_size") or 1))
+        roofline = Roofline(model, self.gpu, per_token, graphs, efficiency, gpus=gpus, forward=forward)
         knobs = FakeKnobs(kv_bytes_per_token=per_token, noise_sd=self.conf.noise_sd, seed=self.conf.seed)
         session = TwinSession({**resolved, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}, knobs, index,
                               roofline=roofline, cache=cache, jitter=self.conf.jitter, seed=self.conf.seed)

@@ -9,6 +9,7 @@ takes the longer of the two, not their sum."""
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,6 +43,13 @@ def graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
     return [s for s in sizes if s <= top] or [1]
 
 
+# The host's time per step and per sequence, from two published measurements of Qwen2.5-0.5B on an A100-class GPU
+# that disagree tenfold on the per-sequence part (docs/twin.md, Calibration; tests/unit/test_twin.py):
+#   seed         the seed experiment, 1 and 8 sequences: 516 and 1,650 output tokens/s
+#   large-batch  vLLM 0.10.2's offline LLM on an A800, 256 requests at once: 17,711 output tokens/s
+HOSTS = {"seed": (1.52e-3, 0.4155e-3), "large-batch": (1.52e-3, 0.037e-3)}
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """What share of the datasheet peaks a step reaches, and the host's time (calibrated: docs/twin.md)."""
@@ -49,7 +57,7 @@ class Efficiency:
     bandwidth: float = 0.80  # of peak bandwidth, streaming weights and KV
     compute: float = 0.60  # of peak bf16 FLOP/s, large GEMMs
     host_step_s: float = 1.52e-3  # the host's time per step: scheduling, input preparation, output processing
-    host_per_seq_s: float = 0.4155e-3  # ... and per sequence in the step
+    host_per_seq_s: float = 0.4155e-3  # ... and per sequence in the step (HOSTS["seed"])
     eager_layer_s: float = 60e-6  # without CUDA graphs, kernel launches add this per layer
     head_s: float = 0.1e-3  # embedding, final norm, sampler: per step, beside the layers
 
@@ -63,6 +71,8 @@ class Roofline:
     efficiency: Efficiency = Efficiency()
     gpus: int = 1  # tensor parallel: the work splits over this many GPUs (communication not modelled)
     async_scheduling: bool = True
+    # the GPU's part from measured kernels instead of the roofline (twin/aiconfigurator.py), None: the roofline
+    forward: Callable[[Batch], float] | None = None
 
     def padded(self, tokens: int) -> int:
         """A step whose tokens fit a captured graph runs that graph's size."""
@@ -71,6 +81,9 @@ class Roofline:
         return self.graphs[bisect.bisect_left(self.graphs, tokens)]
 
     def gpu_seconds(self, batch: Batch) -> float:
+        if self.forward is not None:  # a decode step runs the CUDA graph it pads to, as below
+            decodes = batch.decode_seqs if batch.prefill_tokens else self.padded(batch.decode_seqs)
+            return self.forward(Batch(batch.prefill_tokens, decodes, batch.kv_tokens, batch.sampled, batch.seqs))
         m, e = self.model, self.efficiency
         tokens = self.padded(batch.prefill_tokens + batch.decode_seqs)
         moved = m.weight_bytes + batch.kv_tokens * self.kv_bytes_per_token
