@@ -14,7 +14,7 @@ from throttle_sweep.cli_errors import compose_or_explain
 from throttle_sweep.config import CONF_DIR, register
 from throttle_sweep.errors import ThrottleSweepError
 
-MODES = ("measure", "compare", "analyze", "sweep", "export", "capacity", "recheck")
+MODES = ("measure", "compare", "analyze", "sweep", "export", "capacity", "recheck", "plan")
 
 
 def dispatch(cfg: DictConfig, console: Console) -> int:

@@ -171,8 +171,17 @@ class RecheckConf:
 
 
 @dataclass
+class PlanConf:
+    """mode=plan: the replicas a day of demand needs, read from a finished capacity or goodput study."""
+
+    demand: str | None = None  # a CSV of start_s,requests_per_s rows, or a trace (bucketed)
+    bucket_s: float | None = None  # a trace's bucket width, and a CSV's last row's (null: 3600 s; the row before's)
+    config: str | None = None  # a goodput sweep's confirmed configuration ("baseline", "trial 3"); null: its winner
+
+
+@dataclass
 class Config:
-    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity | recheck
+    mode: str = "measure"  # measure | compare | analyze | sweep | export | capacity | recheck | plan
     backend: str = "vllm"  # vllm (in-process) | server (vLLM's OpenAI API server) | endpoint (yours) | twin | fake
     run: str | None = None  # results/<run>/; null: generated from mode and time
     results_dir: str = "results"
@@ -188,6 +197,7 @@ class Config:
     slo: SloConf = field(default_factory=SloConf)
     capacity: CapacityConf = field(default_factory=CapacityConf)
     recheck: RecheckConf = field(default_factory=RecheckConf)
+    plan: PlanConf = field(default_factory=PlanConf)
     space: dict[str, Any] | None = None
     fake: FakeKnobs = field(default_factory=FakeKnobs)  # the fake engine's knobs (backend=fake)
     twin: TwinConf = field(default_factory=TwinConf)  # the GPU twin's (backend=twin): which GPU it simulates

@@ -129,7 +129,7 @@ def test_a_misspelt_flag_or_key_without_a_plus_gets_the_nearest_valid_names(tmp_
 
 def test_help_describes_the_modes_and_examples_not_a_config_dump(tmp_path):
     text = ok(cli(tmp_path, "--help"))
-    for mode in ("measure", "compare", "sweep", "analyze", "export", "recheck"):
+    for mode in ("measure", "compare", "sweep", "analyze", "export", "recheck", "capacity", "plan"):
         assert f"mode={mode}" in text
     assert "+space=batching" in text and "space: batching" in text
     assert "num_requests: 64" not in text and len(text.splitlines()) < 60

@@ -45,7 +45,7 @@ def folder(args: list[str]) -> str:
 
 def test_the_readme_has_examples_of_every_mode():
     found = {dict(a.split("=", 1) for a in args if a.startswith("mode=")).get("mode", "measure") for args in examples()}
-    assert {"measure", "compare", "analyze", "export", "capacity"} <= found
+    assert {"measure", "compare", "analyze", "export", "capacity", "plan"} <= found
 
 
 def test_no_two_readme_examples_measure_into_one_folder_with_different_configurations():

@@ -30,6 +30,8 @@ def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str
             price: Price) -> dict[str, Any]:
     tokens = per_request_tokens(records)
     out: dict[str, Any] = {"status": search.status, "slo": vars(slo), "price": price.label(),
+                           # a replica's GPUs and their price, as a goodput sweep's entries say them (mode=plan)
+                           "usd_per_gpu_hour": price.usd_per_gpu_hour, "gpus_per_replica": price.gpus,
                            "output_tokens_per_request": tokens, "runs": len(search.runs),
                            # single runs: the highest rate that kept the SLO, below the lowest that broke it
                            "bracket": [search.low, search.high]}
