@@ -84,7 +84,7 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
            ) -> tuple[list[str], dict[str, Any], Costed | None]:
     """The lines to print, summary.json, and the winner (None: no confirmed capacity)."""
     slo = sweep.settings.slo
-    runs = runs_words({"run_s": sweep.settings.run_s, "settle_share": sweep.settings.settle_share})
+    runs = runs_words({"run_s": sweep.settings.run_s})
     lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}{runs}"]
     lines += [screen_line(sweep, c) for c in [sweep.baseline, *sweep.trials]]
     costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]

@@ -1,0 +1,58 @@
+"""The steady state of an open-loop run, from its own requests (#46 item 1): MSER-5 drops a warm-up only
+where the run started better than it went on (an empty queue filling), and the trend test fires only on a
+queue that grows through the run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from throttle_sweep.capacity.slo import Slo
+from throttle_sweep.capacity.steady import mser, steady_state, trend
+
+RNG = np.random.default_rng(3)
+
+
+def stationary(n: int, rng: np.random.Generator = RNG) -> np.ndarray:
+    """An AR(1) latency (neighbours share the queue) around 0.5 of its limit."""
+    x, out = 0.0, []
+    for e in rng.normal(0, 0.1, n):
+        x = 0.6 * x + e
+        out.append(0.5 + x)
+    return np.array(out)
+
+
+def test_mser_drops_the_transient_of_a_queue_filling_from_empty():
+    series = stationary(400)
+    series[:60] = np.linspace(0.0, 0.5, 60) + RNG.normal(0, 0.02, 60)  # the first 60 requests wait less
+    cut = mser(series)
+    assert cut % 5 == 0 and 40 <= cut <= 80
+
+
+def test_mser_keeps_nearly_all_of_a_stationary_series():
+    cuts = [mser(stationary(400, np.random.default_rng(seed))) for seed in range(20)]
+    assert np.median(cuts) <= 5 and max(cuts) <= 40  # at most a tenth, where chance made the start look low
+
+
+def test_mser_keeps_a_burst_at_the_start_a_queue_from_empty_cannot_start_worse_than_it_goes_on():
+    series = stationary(400)
+    series[10:50] += 1.5  # a burst of arrivals early in the run: part of the steady state, not a warm-up
+    assert mser(series) == 0
+
+
+def test_the_trend_test_fires_on_a_growing_queue_and_not_on_a_stationary_one():
+    fired = [trend(stationary(400, np.random.default_rng(seed))).fires for seed in range(200)]
+    assert sum(fired) <= 6  # one-sided at 0.01: about 2 in 200
+    growing = stationary(400) + np.linspace(0, 1.0, 400)  # every request waits longer than the last
+    found = trend(growing)
+    assert found.fires and found.second > found.first
+
+
+def test_steady_state_counts_after_the_warm_up_and_reads_each_half():
+    slo = Slo(p95_ttft_s=1.0, attainment=0.9)
+    rows = [[i * 0.1, 0.01, None] for i in range(50)]  # the empty queue: instant first tokens
+    rows += [[5 + i * 0.1, float(0.5 + 0.6 * (i % 10 == 0)), None] for i in range(400)]  # 1 in 10 misses
+    s = steady_state({"requests_s": rows}, slo)
+    assert 45 <= s.warmup <= 55 and s.warmup_s == rows[s.warmup][0]
+    assert s.counted == len(rows) - s.warmup and s.met == s.counted - sum(r[1] > 1 for r in rows[s.warmup:])
+    assert not s.trend.fires and s.second_counted == s.counted // 2
+    assert steady_state({"status": "failed"}, slo) is None
