@@ -56,3 +56,34 @@ def test_steady_state_counts_after_the_warm_up_and_reads_each_half():
     assert s.counted == len(rows) - s.warmup and s.met == s.counted - sum(r[1] > 1 for r in rows[s.warmup:])
     assert not s.trend.fires and s.second_counted == s.counted // 2
     assert steady_state({"status": "failed"}, slo) is None
+
+
+def test_a_run_whose_queue_grew_yet_kept_the_slo_is_run_again_twice_as_long_and_read_by_its_second_half(tmp_path):
+    """On the fake engine above what max_num_seqs=8 sustains (9.5 req/s), with a loose TTFT limit (3 s): the
+    first 20 s run keeps the SLO as a whole while its queue grows, so it cannot decide; the run twice as long
+    shows the queue cannot hold the rate."""
+    from tests.helpers import compose_cfg
+    from throttle_sweep.capacity.runs import measure_rate, met_of
+    from throttle_sweep.records import RecordLog
+    from throttle_sweep.settings.capacity import load_capacity
+    from throttle_sweep.slot import WarmSlot
+
+    r = load_capacity(compose_cfg("mode=capacity", "backend=fake", "workload=open_loop", "workload.num_requests=50",
+                                  "engine.max_num_seqs=8", "slo.p95_ttft_s=3", "capacity.run_s=20", "run=g",
+                                  tmp_path=tmp_path))
+    r.out.mkdir(parents=True)
+    log, said = RecordLog(r.out / "replicates.jsonl", say=print), []
+    slot = WarmSlot(r.engine, r.settings.spec, r.price, run_id="g", **r.warm)
+    try:
+        record = measure_rate(slot, r.flags, 9.5, {"stage": "capacity", "search_stage": "knee"}, log, r.settings,
+                              "capacity", said.append)
+    finally:
+        slot.close()
+    first, second = log.records
+    assert "kept the SLO as a whole" in first["void"] and "runs again twice as long" in said[0]
+    met, n = met_of(first, r.settings)
+    assert met >= 0.9 * n  # read whole, it held: the void run was not a failure
+    assert record is second and second["lengthened"] == first["void"] and not second.get("void")
+    assert len(second["requests_s"]) == 2 * len(first["requests_s"])
+    met, n = met_of(second, r.settings)
+    assert met < 0.9 * n and n == len(second["requests_s"]) // 4  # its second half (after a warm-up of half)

@@ -128,7 +128,7 @@ def counted(record: Mapping[str, Any], slo: Slo) -> tuple[int, int, Steady] | No
 
 
 def lengthenable(record: Mapping[str, Any]) -> bool:
-    return (record.get("workload") or {}).get("trace_speed") is None  # a trace's window is what it is
+    return (record.get("workload") or {}).get("trace") is None  # a trace's window is what it is
 
 
 def undecided(record: Mapping[str, Any], slo: Slo) -> str | None:
