@@ -72,5 +72,5 @@ def steady_words(record: Mapping[str, Any], settings: CapacitySettings) -> str:
     if found is None:
         return ""
     _, n, s = found
-    where = "; second half counted: latency grew through the run" if n == s.second_counted and s.trend.fires else ""
+    where = "; second half counted: latency grew through the run" if n == s.second_counted and s.trending else ""
     return f"  warm-up {s.warmup_s:.1f} s{where}{' (lengthened 2x)' if record.get('lengthened') else ''}"

@@ -9,7 +9,8 @@ length: the warm-up is a time of the queue's, not a share of the run.
 Below its capacity a queue at a fixed rate is stationary; above the rate it can sustain, it grows through
 the run and every later request waits longer. That is a trend, not a warm-up: the trend test compares the
 first and second halves of the counted requests (batch means, one-sided Welch t: the second half worse
-beyond doubt). What a trend means for the rate is decided in capacity/runs.py (docs/statistics.md).
+beyond doubt), and counts only where the share that met the SLO fell with it. What a trend means for the
+rate: `counted` and `undecided` below (docs/statistics.md).
 
 The series is each request's latency against its limit, the worse of TTFT and TPOT (met when at most 1),
 capped at CAP: a request far beyond its limit counts as missed whatever its size, and the cap keeps one
@@ -97,6 +98,14 @@ class Steady:
     second_met: int  # the second half of the counted requests
     second_counted: int
 
+    @property
+    def trending(self) -> bool:
+        """Latency grew through the run beyond doubt, and the share that met the SLO fell with it: a rise
+        far within the limits (seen on the real engine: TTFT from 1.9% to 2.2% of its limit) is no trend of
+        the SLO's."""
+        first_met, first_counted = self.met - self.second_met, self.counted - self.second_counted
+        return self.trend.fires and self.second_met * first_counted < first_met * self.second_counted
+
 
 def steady_state(record: Mapping[str, Any], slo: Slo) -> Steady | None:
     """The run's steady state: MSER-5 on its requests' slack by arrival order, then the trend test on what
@@ -121,7 +130,7 @@ def counted(record: Mapping[str, Any], slo: Slo) -> tuple[int, int, Steady] | No
     s = steady_state(record, slo)
     if s is None:
         return None
-    if s.trend.fires and (s.met < slo.attainment * s.counted or record.get("lengthened")
+    if s.trending and (s.met < slo.attainment * s.counted or record.get("lengthened")
                           or not lengthenable(record)):
         return s.second_met, s.second_counted, s
     return s.met, s.counted, s
@@ -135,7 +144,7 @@ def undecided(record: Mapping[str, Any], slo: Slo) -> str | None:
     """Why a run must be run again twice as long, or None: the trend test fired, yet the run as a whole kept
     the SLO, so whether the rate holds depends on how long the run was."""
     s = steady_state(record, slo)
-    if s is None or not s.trend.fires or record.get("lengthened") or not lengthenable(record):
+    if s is None or not s.trending or record.get("lengthened") or not lengthenable(record):
         return None
     if s.met < slo.attainment * s.counted:
         return None
@@ -148,5 +157,5 @@ def summary_of(readings: Sequence[tuple[Mapping[str, Any], Steady]]) -> dict[str
     """What the runs' warm-ups and trends were, for summary.json and the capacity line."""
     warm = [s.warmup_s for _, s in readings]
     return {"warmup_s": [min(warm), max(warm)] if warm else None,
-            "trend_runs": sum(s.trend.fires for _, s in readings),
+            "trend_runs": sum(s.trending for _, s in readings),
             "lengthened_runs": sum(bool(r.get("lengthened")) for r, _ in readings)}
