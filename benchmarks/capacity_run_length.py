@@ -2,7 +2,7 @@
 TTFT <= 200 ms and TPOT <= 50 ms for 90% of requests, no per-run speed noise, so that a run's schedule is all
 that differs), the capacity search runs at capacity.run_s 30, 120 and 480, each twice in this one run: with
 each run's warm-up chosen from its own requests and the trend test (the code as it is), and with the rule it
-replaced (the first 20% of each run's schedule dropped, no trend test: `--before` style, patched in here).
+replaced (the first 20% of each run's schedule dropped, no trend test), patched in here.
 The truth is the fake's long-run capacity: one run of --truth-s seconds at each of a grid of rates, all its
 requests counted, the shares made non-increasing and interpolated in log rate where they cross 90%; computed
 once and kept in capacity_run_length_truth.json, keyed by its settings. Target (#46): every capacity within
