@@ -98,3 +98,14 @@ def test_latency_that_grew_far_within_its_limit_is_no_trend_of_the_slo():
     assert s.trend.fires and not s.trending  # the latency test fires; attainment did not fall
     met, n, _ = counted({"requests_s": rows}, slo)
     assert undecided({"requests_s": rows}, slo) is None and met == n == s.counted  # all after the warm-up
+
+
+def test_a_capacity_says_its_runs_length_warm_ups_and_trends():
+    from throttle_sweep.capacity.report import runs_words
+
+    said = runs_words({"run_s": 30, "warmup_s": [2.1, 4.8], "trend_runs": 2, "lengthened_runs": 1})
+    assert said == ("; runs of at least 30 s, warm-up 2.1-4.8 s chosen per run (MSER-5); 2 with latency growing "
+                    "through the run, each counted by its second half; 1 run again twice as long, the first too "
+                    "short to tell")
+    assert runs_words({"run_s": 30, "warmup_s": [0.0, 0.0], "trend_runs": 0, "lengthened_runs": 0}) == \
+        "; runs of at least 30 s, warm-up 0.0-0.0 s chosen per run (MSER-5)"

@@ -87,9 +87,10 @@ def runs_words(result: Mapping[str, Any]) -> str:
     warm = result.get("warmup_s")
     words = f"; runs of at least {result['run_s']:g} s, warm-up " + (
         f"{warm[0]:.1f}-{warm[1]:.1f} s chosen per run (MSER-5)" if warm else "chosen per run (MSER-5)")
-    if result.get("trend_runs") or result.get("lengthened_runs"):
-        words += (f", {result.get('trend_runs', 0)} with latency growing through the run (read by their second "
-                  f"half or lengthened: {result.get('lengthened_runs', 0)} run twice as long)")
+    if result.get("trend_runs"):  # each read by its second half (steady.counted)
+        words += f"; {result['trend_runs']} with latency growing through the run, each counted by its second half"
+    if result.get("lengthened_runs"):
+        words += f"; {result['lengthened_runs']} run again twice as long, the first too short to tell"
     return words
 
 
