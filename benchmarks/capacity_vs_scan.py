@@ -1,10 +1,10 @@
 """mode=capacity's search against a dense scan, on the fake engine (a known queueing surface). For each seed,
 configuration (max_num_seqs) and SLO, the same fake (its arrival schedule and per-run speed noise drawn from
-the seed) is measured twice through the same machinery (WarmSlot, workload, settle_share, attainment): the
-capacity search as `python -m throttle_sweep mode=capacity` runs it (bracket, bisection, replicated knee),
-and a dense scan: a geometric ladder of rates --step apart, --reps runs at each (ascending, then descending),
-whose knee is where its mean attainment, made non-increasing and interpolated in log rate, crosses
-slo.attainment (knee.fit_knee on all its runs). The scan is centred on the search's estimate, --span either
+the seed) is measured twice through the same machinery (WarmSlot, workload, each run's warm-up and trend rule:
+runs.met_of): the capacity search as `python -m throttle_sweep mode=capacity` runs it (bracket, bisection,
+replicated knee), and a dense scan: a geometric ladder of rates --step apart, --reps runs at each (ascending,
+then descending), whose knee is where its mean attainment, made non-increasing and interpolated in log rate,
+crosses slo.attainment (knee.fit_knee on all its runs). The scan is centred on the search's estimate, --span either
 side: a scan that did not know where to look would need a wider range and cost more, so its engine-seconds
 flatter it. Prints each cell's capacity and 95% interval, the scan's knee, their relative difference and the
 engine-seconds of each (wall, start and warm-up seconds of every record, void runs included: search/trials.py

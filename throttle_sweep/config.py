@@ -159,7 +159,7 @@ class CapacityConf:
     knee_rates: int = 5  # then this many rates around the knee ...
     knee_replicates: int = 4  # ... run this many times each, in alternating order (even: drift lands alike)
     knee_margin: float = 0.2  # the knee's rates reach this far beyond the bracket, each side
-    settle_share: float = 0.2  # the first share of a run's arrival schedule is not counted (the queue fills)
+    settle_share: float | None = None  # replaced by a warm-up chosen per run (capacity/steady.py); refused if set
     run_s: float = 30.0  # a run's arrivals span at least this long: more than workload.num_requests at high rates
     min_rate: float = 0.01
     max_rate: float = 10000.0

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
-from throttle_sweep.capacity.slo import Slo, attainment
+from throttle_sweep.capacity.slo import Slo
+from throttle_sweep.capacity.steady import counted
 from throttle_sweep.cli_errors import compose_or_explain
 from throttle_sweep.commands import capacity as capacity_cmd
 from throttle_sweep.config import CONF_DIR
@@ -37,14 +38,15 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
     assert summary["bracket"][0] < summary["bracket"][1] <= summary["bracket"][0] * 1.1  # capacity.rel_tol
     assert low <= summary["capacity_rps"] <= high and high / low < 1.6
     slo = Slo(0.2, 0.05, 0.9)
-    knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"]
+    knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"
+            and not r.get("void")]
     assert len(knee) == 4 * 4
     pooled: dict[float, list[int]] = {}  # rate -> [met, counted] over its runs: the share of all its requests
     for record in knee:
-        met, counted = attainment(record, slo, 0.2)
+        met, n, _ = counted(record, slo)
         pooled.setdefault(record["workload"]["rate"], [0, 0])
         pooled[record["workload"]["rate"]][0] += met
-        pooled[record["workload"]["rate"]][1] += counted
+        pooled[record["workload"]["rate"]][1] += n
     # every rate at or below the lower bound kept the SLO, pooled over its runs; at or above the upper, broke it
     assert all(m / n >= 0.9 for rate, (m, n) in pooled.items() if rate <= low)
     assert all(m / n < 0.9 for rate, (m, n) in pooled.items() if rate >= high)
@@ -56,10 +58,11 @@ def test_the_capacity_is_bracketed_by_runs_that_keep_and_break_the_slo(tmp_path)
     assert summary["goodput_tokens_per_s"] == pytest.approx(summary["capacity_rps"] * 0.9 * tokens)
     assert summary["usd_per_mtok_at_capacity"] == pytest.approx(1.39 / 3600 / summary["goodput_tokens_per_s"] * 1e6)
     assert f"capacity: {summary['capacity_rps']:.3g} req/s, 95% CI [{low:.3g}, {high:.3g}]" in said
-    # what the capacity depends on is said with it (#46 item 1): the runs' length and the warm-up not counted
+    # what the capacity depends on is said with it (#46 item 1): the runs' length and the warm-up each dropped
     line = next(x for x in said.splitlines() if x.startswith("capacity: "))
-    assert "runs of at least 20 s, the first 20% of each run's arrivals not counted" in line
-    assert (summary["run_s"], summary["settle_share"]) == (20.0, 0.2)
+    low_w, high_w = summary["warmup_s"]
+    assert f"runs of at least 20 s, warm-up {low_w:.1f}-{high_w:.1f} s chosen per run (MSER-5)" in line
+    assert summary["run_s"] == 20.0 and 0 <= low_w <= high_w < 10  # at most half a run
     assert (tmp_path / "cap" / "capacity.png").stat().st_size > 10_000
 
 
@@ -93,6 +96,8 @@ def test_an_slo_kept_at_every_rate_up_to_the_limit_says_so(tmp_path):
     (("slo.p95_ttft_s=1", "capacity.knee_replicates=1"), "capacity.knee_replicates must be an integer >= 2"),
     (("slo.p95_ttft_s=1", "workload.num_requests=5"), "too few to tell a share"),
     (("slo.p95_ttft_s=1", "workload.num_requests=100", "capacity.run_s=0"), "capacity.run_s must be a positive"),
+    # a fixed share dropped from every run proved nothing of steady state (#46 item 1): its replacement is named
+    (("slo.p95_ttft_s=1", "capacity.settle_share=0.2"), "settle_share=0.2: .*chosen from its own requests \\(MSER-5"),
 ])
 def test_bad_input_is_refused_by_name_before_any_engine_starts(tmp_path, args, words):
     with pytest.raises(ConfigError, match=words):
@@ -123,7 +128,8 @@ def test_replicates_at_one_rate_draw_their_own_arrival_schedules(tmp_path):
     drawn is part of that noise: the knee's replicates at a rate each take another arrival seed (the same
     seeds at every rate), so their spread, and the interval, include it."""
     assert run(tmp_path, *SMALL, *SLO, "plots=false")[0] == 0
-    knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"]
+    knee = [r for r in read_records(tmp_path / "cap" / "replicates.jsonl") if r["search_stage"] == "knee"
+            and not r.get("void")]
     seeds: dict[float, list[int]] = {}
     for record in knee:
         seeds.setdefault(record["workload"]["rate"], []).append(record["workload"]["arrival_seed"])

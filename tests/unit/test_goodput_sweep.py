@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -63,8 +64,9 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
     assert winner["usd_per_mtok_at_capacity"] == pytest.approx(
         1.39 / 3600 / (winner["capacity_rps"] * 0.9 * 32) * 1e6)  # 32 output tokens a request
     assert f"for 40 req/s: {fleet['replicas']} replicas" in said
-    runs = "runs of at least 20 s, the first 20% of each run's arrivals not counted"  # what capacities depend on
-    assert all(runs in x for x in said.splitlines() if x.startswith(("screen:", "confirmed:")))
+    # what capacities depend on: the runs' length and the warm-ups chosen per run (#46 item 1)
+    runs = re.compile(r"runs of at least 20 s, warm-up \d+\.\d-\d+\.\d s chosen per run \(MSER-5\)")
+    assert all(runs.search(x) for x in said.splitlines() if x.startswith(("screen:", "confirmed:")))
     # the confirmation's runs interleave: at each rate step, every confirmed configuration runs before the next
     runs = [r for r in read_records(folder / "g" / "replicates.jsonl") if r.get("stage") == "goodput-confirm"]
     k = len(summary["confirmed"])

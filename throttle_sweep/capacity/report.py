@@ -82,11 +82,18 @@ def sentences(result: Mapping[str, Any], search: RateSearch, slo: Slo) -> list[s
 
 
 def runs_words(result: Mapping[str, Any]) -> str:
-    """The runs a capacity was read from, which it depends on: their length and the warm-up not counted."""
+    """The runs a capacity was read from, which it depends on: their length, the warm-up each dropped (chosen
+    per run), and how many showed a trend (and were lengthened, or read by their second half)."""
     if result.get("run_s") is None:
         return ""
-    return (f"; runs of at least {result['run_s']:g} s, the first {result.get('settle_share', 0):.0%} of each "
-            "run's arrivals not counted")
+    warm = result.get("warmup_s")
+    words = f"; runs of at least {result['run_s']:g} s, warm-up " + (
+        f"{warm[0]:.1f}-{warm[1]:.1f} s chosen per run (MSER-5)" if warm else "chosen per run (MSER-5)")
+    if result.get("trend_runs"):  # each read by its second half (steady.counted)
+        words += f"; {result['trend_runs']} with latency growing through the run, each counted by its second half"
+    if result.get("lengthened_runs"):
+        words += f"; {result['lengthened_runs']} run again twice as long, the first too short to tell"
+    return words
 
 
 def plot(records: Sequence[Mapping[str, Any]], attain: Sequence[float], knee: Knee | None, slo: Slo,

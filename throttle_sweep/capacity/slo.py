@@ -1,14 +1,11 @@
 """A latency SLO and a run's attainment of it: the share of its requests whose time to first token and time
-per output token both stay within the limits (DistServe's goodput definition). Requests that arrive while
-the queue is still filling from empty (the first `settle_share` of the arrival schedule) are not counted:
-capacity is a steady-state property."""
+per output token both stay within the limits (DistServe's goodput definition). Which requests of a run
+count (its steady state) is steady.py's."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from throttle_sweep.errors import ConfigError
 
@@ -41,15 +38,3 @@ class Slo:
             return False
         return (self.p95_ttft_s is None or ttft <= self.p95_ttft_s) and (
             self.p95_tpot_s is None or tpot is None or tpot <= self.p95_tpot_s)
-
-
-def attainment(record: Mapping[str, Any], slo: Slo, settle_share: float) -> tuple[int, int] | None:
-    """(requests that met the SLO, requests counted) of an open-loop run's record: those that arrived after the
-    first `settle_share` of its schedule; a request that did not finish counts, as not met. None when the
-    record keeps no per-request latencies (a failed run, or one of an older version)."""
-    rows = record.get("requests_s")
-    if not rows:
-        return None
-    last = max(row[0] for row in rows)
-    counted = [row for row in rows if row[0] >= settle_share * last]
-    return sum(slo.met(row[1], row[2]) for row in counted), len(counted)

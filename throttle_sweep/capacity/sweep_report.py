@@ -11,6 +11,7 @@ from throttle_sweep.capacity.front import EXTRA_REPLICAS, FleetPoint, fleet_poin
 from throttle_sweep.capacity.pick import Costed, cheaper_beyond_doubt, pick, sort_key
 from throttle_sweep.capacity.report import per_request_tokens, runs_words
 from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET
+from throttle_sweep.capacity.steady import counted, summary_of
 from throttle_sweep.capacity.sweep import BASELINE, Contender, GoodputSweep, best_attainment
 from throttle_sweep.search.report import fmt_params as sweep_params
 from throttle_sweep.settings.goodput import GPU_TYPE
@@ -84,7 +85,9 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
            ) -> tuple[list[str], dict[str, Any], Costed | None]:
     """The lines to print, summary.json, and the winner (None: no confirmed capacity)."""
     slo = sweep.settings.slo
-    runs = runs_words({"run_s": sweep.settings.run_s, "settle_share": sweep.settings.settle_share})
+    readings = [(r, found[2]) for c in [sweep.baseline, *sweep.trials] for r in c.records
+                if (found := counted(r, slo))]
+    runs = runs_words({"run_s": sweep.settings.run_s, **summary_of(readings)})  # what capacities depend on
     lines = [f"screen: one rate search each (bracket, bisection, knee runs); {slo.words()}{runs}"]
     lines += [screen_line(sweep, c) for c in [sweep.baseline, *sweep.trials]]
     costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]

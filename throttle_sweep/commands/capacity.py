@@ -14,7 +14,7 @@ from throttle_sweep.capacity.knee import Knee, fit_knee
 from throttle_sweep.capacity.report import plot, sentences, summary
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line, usable
 from throttle_sweep.capacity.search import FOUND, RateSearch
-from throttle_sweep.capacity.slo import attainment
+from throttle_sweep.capacity.steady import counted, summary_of
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
@@ -40,8 +40,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         arrivals = (f"Poisson arrivals over at least {settings.run_s:g} s and {spec.num_requests} requests a run"
                     if settings.trace_rps is None else f"the trace's {spec.num_requests} requests a run, sped up to "
                     f"each rate (its own pace: {settings.trace_rps:.3g} req/s)")
-        say(f"capacity of {flags} on {engine.name}: {slo.words()}; {arrivals}, the first "
-            f"{settings.settle_share:.0%} of each run's schedule not counted -> {log.path}")
+        say(f"capacity of {flags} on {engine.name}: {slo.words()}; {arrivals}, each run's warm-up chosen from "
+            f"its own requests (MSER-5) -> {log.path}")
         if search.runs:
             say(f"resuming: {len(search.runs)} runs already measured")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **r.warm)
@@ -60,8 +60,9 @@ def run(cfg: DictConfig, console: Console) -> int:
     ok = [r for r in log.records if measured(r)]
     knee = fit_knee([(r.rate, r.met, r.counted) for r in search.knee_runs], slo.attainment) \
         if search.status == FOUND else None
-    result = {**summary(search, knee, ok, slo, price.charged(flags)), "run_s": settings.run_s,
-              "settle_share": settings.settle_share}  # what the capacity depends on, said with it
+    knee_records = [r for r in ok if r.get("search_stage") == "knee"]
+    result = {**summary(search, knee, ok, slo, price.charged(flags)), "run_s": settings.run_s,  # what the capacity
+              **summary_of([(r, counted(r, slo)[2]) for r in knee_records])}  # depends on, said with it
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     show(knee, say)
     for line in sentences(result, search, slo):
@@ -82,8 +83,8 @@ def measured(record: dict[str, Any]) -> bool:
 
 
 def attainment_share(record: dict[str, Any], settings: CapacitySettings) -> float:
-    met, counted = attainment(record, settings.slo, settings.settle_share) or (0, 1)
-    return met / counted
+    met, n = met_of(record, settings)
+    return met / n if n else 0.0
 
 
 def replay(search: RateSearch, records: list[dict[str, Any]], settings: CapacitySettings) -> None:
@@ -95,8 +96,7 @@ def replay(search: RateSearch, records: list[dict[str, Any]], settings: Capacity
         if step is None or abs(rate - step[0]) > 1e-9 * step[0] or record.get("search_stage") != step[1]:
             raise ConfigError(f"the records in this run's folder follow another search (a run at {rate:g} req/s "
                               f"where this one asks for {step[0] if step else 'none'}): choose another run=NAME")
-        met, counted = attainment(record, settings.slo, settings.settle_share)
-        search.tell(rate, met, counted, step[1])
+        search.tell(rate, *met_of(record, settings), step[1])
 
 
 def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: RecordLog,
@@ -113,9 +113,9 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
         if record["status"] != "ok":
             say(f"[red]the run at {rate:g} req/s failed: {record.get('reason')}[/]; the runs so far are kept")
             return 1
-        met, counted = met_of(record, settings)
-        search.tell(rate, met, counted, stage)
-        say(run_line(stage, rate, record, met, counted, search.holds(search.runs[-1])))
+        met, n = met_of(record, settings)
+        search.tell(rate, met, n, stage)
+        say(run_line(stage, rate, record, met, n, search.holds(search.runs[-1]), settings))
     return 0
 
 

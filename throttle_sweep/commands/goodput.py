@@ -54,7 +54,7 @@ def run(cfg: DictConfig, console: Console) -> int:
             if record["status"] == "ok":
                 met, counted = met_of(record, r.capacity)
                 say(run_line(f"{c.label} {search_stage}", rate, record, met, counted,
-                             met / counted >= r.capacity.slo.attainment))
+                             met / counted >= r.capacity.slo.attainment, r.capacity))
             return record
 
         sweep = GoodputSweep(settings=r.capacity, distributions=r.distributions, base=r.base, baseline=r.baseline,

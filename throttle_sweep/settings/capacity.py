@@ -31,20 +31,21 @@ from throttle_sweep.workload import WorkloadSpec
 class CapacitySettings:
     slo: Slo
     search: RateSearch  # a fresh search, not yet told of any run
-    settle_share: float
     spec: WorkloadSpec  # an open loop; its rate is the first run's
     run_s: float
     trace_rps: float | None = None  # a trace's mean arrival rate at speed 1: a rate searched is a speed-up of it
 
-    def at(self, rate: float, replicate: int = 0) -> dict[str, Any]:
+    def at(self, rate: float, replicate: int = 0, scale: int = 1) -> dict[str, Any]:
         """The workload of a run at `rate`: arrivals spanning at least run_s, so that a fast rate still reaches
         a steady queue (a fixed count would arrive at once and drain, whatever the engine's capacity). The
         `replicate`-th run at a rate draws its own arrival schedule (the same prompts): which schedule a run
         drew is part of its noise, which replicates that shared one would never show. A trace is replayed
-        whole, sped up to `rate` on average: its own arrival schedule, every replicate."""
+        whole, sped up to `rate` on average: its own arrival schedule, every replicate. `scale` lengthens a run
+        whose steady state its length could not show (runs.measure_rate): the same schedule, run on longer."""
         if self.trace_rps is not None:
             return {"loop": "open", "rate": rate, "trace_speed": rate / self.trace_rps}
-        return {"loop": "open", "rate": rate, "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s)),
+        return {"loop": "open", "rate": rate,
+                "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s)) * scale,
                 "arrival_seed": self.spec.seed + replicate}
 
 
@@ -76,8 +77,10 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
                           f"noisy it is), but got {c['knee_replicates']!r}")
     if not c["knee_margin"] >= 0:
         raise ConfigError(f"capacity.knee_margin must be >= 0, but got {c['knee_margin']!r}")
-    if not 0 <= c["settle_share"] < 0.9:
-        raise ConfigError(f"capacity.settle_share must be at least 0 and below 0.9, but got {c['settle_share']!r}")
+    if c.get("settle_share") is not None:
+        raise ConfigError(f"capacity.settle_share={c['settle_share']!r}: a fixed share of each run is no longer "
+                          "dropped; each run's warm-up is chosen from its own requests (MSER-5, with a trend test: "
+                          "docs/statistics.md#capacity-the-steady-state-of-a-run). Remove the key")
     if spec.num_requests < 20:
         raise ConfigError(f"workload.num_requests={spec.num_requests} is too few to tell a share of requests "
                           "meeting the SLO: use at least 20 (a few hundred for a steady queue)")
@@ -89,7 +92,7 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
     search = RateSearch(start=start, target=slo.attainment, rel_tol=c["rel_tol"], knee_rates=c["knee_rates"],
                         knee_replicates=c["knee_replicates"], knee_margin=c["knee_margin"], min_rate=low,
                         max_rate=high)
-    return CapacitySettings(slo, search, c["settle_share"], replace(spec, loop="open", rate=start), float(c["run_s"]),
+    return CapacitySettings(slo, search, replace(spec, loop="open", rate=start), float(c["run_s"]),
                             trace_rps)
 
 
