@@ -119,21 +119,45 @@ def test_a_dollar_budget_binds_the_confirmation_too(tmp_path):
 
 def test_a_confirmation_started_with_its_budget_spent_runs_nothing_and_says_who_is_left_unconfirmed():
     """On a resume whose budget is already spent (the search keeps the confirmation's share only within one
-    run), the confirmation starts no comparison; the sweep says which trials stay unconfirmed."""
+    run), the confirmation starts no comparison that needs a run; the sweep says which trials stay unconfirmed."""
     from types import SimpleNamespace
 
     from throttle_sweep.search.confirm import Confirm
 
     said: list[str] = []
-    settings = SimpleNamespace(timeout_s=None, budget_usd=0.01, usd_per_gpu_hour=36.0, shared_baseline=True)
+    settings = SimpleNamespace(timeout_s=None, budget_usd=0.01, usd_per_gpu_hour=36.0, shared_baseline=False,
+                               confirm_replicates=4)
     runner = SimpleNamespace(settings=settings, records=[{"wall_s": 2.0}], began=0.0, say=said.append,
-                             pool=SimpleNamespace(slots=[0], shares_machine=True))  # $0.02 spent of $0.01
+                             pool=SimpleNamespace(slots=[0], shares_machine=True),  # $0.02 spent of $0.01
+                             comparison=lambda *args, **kwargs: SimpleNamespace(done=lambda: False))
     view = SimpleNamespace(settings=settings)
-    stage = Confirm(runner, view, [SimpleNamespace(number=3), SimpleNamespace(number=5)], family=2, ranked=True)
+    trials = [SimpleNamespace(number=n, params={}, user_attrs={}) for n in (3, 5)]
+    stage = Confirm(runner, view, trials, family=2, ranked=True)
     assert stage.next(0) is None and stage.next(0) is None
     assert stage.stopped_by is not None and "study.budget_usd" in stage.stopped_by
     assert said == ["confirm: stopped, dollar budget spent ($0.0200 of $0.01 at the assumed price) "
                     "(study.budget_usd=0.01); not confirmed: trial 3, trial 5"]
+
+
+def test_a_resume_with_its_budget_spent_still_reads_the_confirmation_and_tie_break_it_recorded(tmp_path):
+    """What a finished sweep measured is its answer on a resume whose budget is spent: the recorded
+    confirmation and tie-break are read, nothing new runs, the same winner is exported."""
+    args = ["backend=fake", "+space=batching", "space.max_num_seqs.low=6", "space.max_num_seqs.high=8",
+            "space.max_num_batched_tokens.choices=[1024,2048,4096]", "workload.concurrency=8",
+            "study.same_schedule=false", "study.n_trials=9", "study.sampler=grid", "compare.replicates=2",
+            "study.confirm_replicates=4", "study.confirm_top=3", "study.tiebreak_replicates=4",
+            "study.boundary=none", "study.sequential=false", "study.name=t", "plots=false",
+            "workload.num_requests=16", "workload.output_len=16", "workload.prompt_len=16", "fake.noise_sd=0.02"]
+    assert sweep_cmd.run(compose_cfg(*args, tmp_path=tmp_path), Console(quiet=True)) == 0
+    records = read_records(tmp_path / "t" / "replicates.jsonl")
+    assert [r for r in records if r["stage"] == "tiebreak"]  # the first run broke a tie
+    best = (tmp_path / "t" / "best" / "best.json").read_text()
+    console = Console(record=True, width=250)
+    assert sweep_cmd.run(compose_cfg(*args, "study.budget_usd=0.000001", tmp_path=tmp_path), console) == 0
+    said = console.export_text()
+    assert len(read_records(tmp_path / "t" / "replicates.jsonl")) == len(records), said
+    assert "not confirmed" not in said and "tie-break: not run" not in said, said
+    assert (tmp_path / "t" / "best" / "best.json").read_text() == best
 
 
 def test_a_calibration_run_of_the_very_work_is_the_baselines_probe_and_the_plan_follows_it(tmp_path):

@@ -70,13 +70,20 @@ class Confirm:
     def next(self, slot: int) -> Comparison | None:
         if not self.queue:
             return None
-        if (gone := spent(self.runner)) is not None:  # the search kept the confirmation's share; a resume may not
+        group = self.queue.pop(0)
+        comp = self.comparison(slot, group)
+        # the search kept the confirmation's share of the budget; a resume may find it spent: what the records
+        # already hold is still read, nothing new is run
+        if not comp.done() and (gone := spent(self.runner)) is not None:
             self.stopped_by = f"{gone[0]}: {gone[2]}"
             self.runner.say(f"confirm: stopped, {gone[2]} ({gone[0]}={gone[1]:g}); not confirmed: "
-                            + ", ".join(f"trial {t.number}" for group in self.queue for t in group))
+                            + ", ".join(f"trial {t.number}" for g in (group, *self.queue) for t in g))
             self.queue.clear()
             return None
-        s, group = self.view.settings, self.queue.pop(0)
+        return comp
+
+    def comparison(self, slot: int, group: list[optuna.trial.FrozenTrial]) -> Comparison:
+        s = self.view.settings
         if len(group) == 1:
             (t,) = group
             comp = self.runner.comparison(f"confirm-{resume_key(t)}", "confirm", t.params, s.confirm_replicates,

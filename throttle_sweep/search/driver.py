@@ -18,7 +18,7 @@ import optuna
 
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.pool import Pool
-from throttle_sweep.search.budget import projected, say_plan, spent
+from throttle_sweep.search.budget import projected, say_plan
 from throttle_sweep.search.confirm import confirm
 from throttle_sweep.search.events import SweepProgress
 from throttle_sweep.search.options import SweepSettings
@@ -78,13 +78,8 @@ class Sweep:
         confirmations, confirm_stopped = self.confirm()
         stopped_by = confirm_stopped or stopped_by
         winner, tied = choose_winner(confirmations, s.thresholds.alpha)
-        tie = None
-        if tiebreak_needed(winner, tied, s.tiebreak_replicates):
-            if (gone := spent(runner)) is None:
-                tie = break_tie(runner, view, [winner, *tied])
-            else:
-                runner.say(f"tie-break: not run, {gone[2]} ({gone[0]}={gone[1]:g}); the confirmation's ranking "
-                           "stands")
+        tie = break_tie(runner, view, [winner, *tied]) if tiebreak_needed(winner, tied, s.tiebreak_replicates) \
+            else None
         runs = tie.observations if tie is not None else []
         if runs:
             winner, tied = choose_winner(confirmations, s.thresholds.alpha, tiebreak=runs)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from throttle_sweep.schedule import joint_arm, tiebreak_schedule, with_warmup
+from throttle_sweep.search.budget import spent
 from throttle_sweep.search.runner import Comparison, Runner
 from throttle_sweep.search.state import StudyView
 from throttle_sweep.search.trials import resume_key
@@ -69,6 +70,10 @@ class TieBreakStage:
         key = f"{STAGE}-" + "+".join(resume_key(trials[n]) for n in self.trials)
         comp = self.runner.comparison(key, STAGE, {}, 0, slot, arms=arms, order=order)
         comp.joint = labels
+        if not comp.done() and (gone := spent(self.runner)) is not None:  # what the records hold is still read
+            self.runner.say(f"tie-break: not run, {gone[2]} ({gone[0]}={gone[1]:g}); the confirmation's ranking "
+                            "stands")
+            return None
         return comp
 
     def finished(self, comp: Comparison) -> None:
