@@ -341,6 +341,13 @@ def closing_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return [n for n in (short_work_note(records), energy_note(records)) if n is not None]
 
 
+def p95_text(latency: Mapping[str, Any], kind: str, spec: str, scale: float = 1e3) -> str:
+    """A run's p95 of `kind` (in ms by default) as `spec` formats it; "-" where it has no samples (a stream
+    whose tokens came in one or two chunks has no gaps between them: no TPOT, no ITL)."""
+    value = latency[kind]["p95"]
+    return "-".rjust(int(spec.split(".")[0] or 0)) if value is None else format(value * scale, spec)
+
+
 def one_line(record: Mapping[str, Any], price: Price) -> str:
     """The one-line result users read: throughput, cost, preemptions, tail latency."""
     price = price.charged(record.get("flags") or {})
@@ -358,7 +365,7 @@ def one_line(record: Mapping[str, Any], price: Price) -> str:
         cost = (f"${record['usd_per_mtok']:.4f}/M output tokens at the offered load{joules_text(record)} "
                 f"({price.label()})")
     line = (f"{record['output_tokens_per_s']:.1f} output tok/s  {cost}  preemptions={record['preemptions']}  "
-            f"p95 TTFT={lat['ttft']['p95'] * 1e3:.1f} ms  p95 TPOT={lat['tpot']['p95'] * 1e3:.2f} ms  "
-            f"p95 ITL={lat['itl']['p95'] * 1e3:.2f} ms  p95 E2E={lat['e2e']['p95']:.3f} s  "
+            f"p95 TTFT={p95_text(lat, 'ttft', '.1f')} ms  p95 TPOT={p95_text(lat, 'tpot', '.2f')} ms  "
+            f"p95 ITL={p95_text(lat, 'itl', '.2f')} ms  p95 E2E={p95_text(lat, 'e2e', '.3f', scale=1)} s  "
             f"(percentiles of {lat['e2e']['n']} requests)")
     return "\n".join([line, *(f"note: {n}" for n in record.get("notes", []))])

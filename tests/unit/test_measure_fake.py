@@ -46,6 +46,20 @@ def test_engine_that_fails_to_start_gives_a_failed_record():
     assert one_line(record, Price()).startswith("FAILED (start): ")
 
 
+def test_a_run_whose_streams_gave_no_gaps_between_tokens_prints_its_line_without_them():
+    """A server that sends each request's tokens in one or two chunks (vLLM coalesces them under load; seen in
+    CI on the API server) leaves no inter-token gaps: no ITL and no TPOT, said as such, not a crash."""
+    from throttle_sweep.measure import p95_text, percentiles
+
+    record = measure({"max_num_seqs": 8})
+    record["latency_s"] = {**record["latency_s"], "itl": percentiles([]), "tpot": percentiles([])}
+    line = one_line(record, Price())
+    assert "p95 TPOT=- ms" in line and "p95 ITL=- ms" in line and "p95 TTFT=" in line
+    # the capacity's run lines keep their columns (capacity/runs.py)
+    assert p95_text(record["latency_s"], "tpot", "7.2f") == "      -"
+    assert p95_text(record["latency_s"], "ttft", "8.1f") == f"{record['latency_s']['ttft']['p95'] * 1e3:8.1f}"
+
+
 def test_engine_that_dies_mid_run_gives_a_failed_record():
     record = measure({"max_num_seqs": 8}, FakeKnobs(crash_after_steps=5))
     assert record["status"] == "failed" and record["failed_at"] == "run"

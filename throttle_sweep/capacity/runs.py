@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from throttle_sweep.capacity.steady import counted, undecided
-from throttle_sweep.measure import BEHIND_S
+from throttle_sweep.measure import BEHIND_S, p95_text
 from throttle_sweep.records import RecordLog
 from throttle_sweep.settings.capacity import CapacitySettings
 from throttle_sweep.signals import deferred
@@ -62,7 +62,7 @@ def run_line(label: str, rate: float, record: Mapping[str, Any], met: int, n: in
              settings: CapacitySettings) -> str:
     lat = record["latency_s"]
     return (f"  {label:7}  {rate:9.4g} req/s  attainment {met / n:6.1%} ({met}/{n})  p95 TTFT "
-            f"{lat['ttft']['p95'] * 1e3:8.1f} ms  p95 TPOT {lat['tpot']['p95'] * 1e3:7.2f} ms  "
+            f"{p95_text(lat, 'ttft', '8.1f')} ms  p95 TPOT {p95_text(lat, 'tpot', '7.2f')} ms  "
             f"{'holds' if holds else 'fails'}{steady_words(record, settings)}")
 
 
