@@ -50,9 +50,9 @@ def truth(tmp: Path, truth_s: float) -> dict:
     from tests.helpers import compose_cfg
     from throttle_sweep.capacity.knee import fit_knee
     from throttle_sweep.capacity.runs import measure_rate
-    from throttle_sweep.records import RecordLog
+    from throttle_sweep.cluster.slot import WarmSlot
     from throttle_sweep.settings.capacity import load_capacity
-    from throttle_sweep.slot import WarmSlot
+    from throttle_sweep.store.records import RecordLog
 
     key = json.dumps({"work": WORK, "rates": RATES, "truth_s": truth_s})
     cached = json.loads(TRUTH.read_text()) if TRUTH.exists() else {}

@@ -7,7 +7,7 @@ then descending), whose knee is where its mean attainment, made non-increasing a
 crosses slo.attainment (knee.fit_knee on all its runs). The scan is centred on the search's estimate, --span either
 side: a scan that did not know where to look would need a wider range and cost more, so its engine-seconds
 flatter it. Prints each cell's capacity and 95% interval, the scan's knee, their relative difference and the
-engine-seconds of each (wall, start and warm-up seconds of every record, void runs included: search/trials.py
+engine-seconds of each (wall, start and warm-up seconds of every record, void runs included: sweep/trials.py
 engine_seconds). Target (#26): the knee within 5% of the dense scan's in every cell, at <= 1/4 of its
 engine-seconds (median); the interval should cover the scan's knee about 95% of the time. Each run is
 recorded in results.jsonl.
@@ -44,8 +44,8 @@ def search(tmp: Path, name: str, overrides: list[str]) -> dict:
 
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import capacity as capacity_cmd
-    from throttle_sweep.records import read_records
-    from throttle_sweep.search.trials import engine_seconds
+    from throttle_sweep.store.records import read_records
+    from throttle_sweep.sweep.trials import engine_seconds
 
     capacity_cmd.run(compose_cfg(*WORK, f"run={name}", *overrides, tmp_path=tmp), Console(quiet=True))
     summary = json.loads((tmp / name / "summary.json").read_text())
@@ -59,11 +59,11 @@ def scan(tmp: Path, name: str, overrides: list[str], center: float, args: argpar
     from tests.helpers import compose_cfg
     from throttle_sweep.capacity.knee import fit_knee
     from throttle_sweep.capacity.runs import measure_rate, met_of
+    from throttle_sweep.cluster.slot import WarmSlot
     from throttle_sweep.commands.capacity import STAGE
-    from throttle_sweep.records import RecordLog
-    from throttle_sweep.search.trials import engine_seconds
     from throttle_sweep.settings.capacity import load_capacity
-    from throttle_sweep.slot import WarmSlot
+    from throttle_sweep.store.records import RecordLog
+    from throttle_sweep.sweep.trials import engine_seconds
 
     r = load_capacity(compose_cfg(*WORK, f"run={name}", *overrides, tmp_path=tmp))
     r.out.mkdir(parents=True)

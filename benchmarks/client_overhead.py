@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 def ours(url: str, args: argparse.Namespace) -> float:
     from throttle_sweep.engines.base import Request
     from throttle_sweep.engines.openai_http import HttpSession
-    from throttle_sweep.workload import drive
+    from throttle_sweep.measurement.workload import drive
 
     session = HttpSession(url, "stub-model")
     try:

@@ -23,9 +23,9 @@ OUT = ROOT / "tests" / "unit" / "data" / "fake_knee_runs.json"
 def main() -> None:
     from tests.helpers import compose_cfg
     from throttle_sweep.capacity.runs import met_of
-    from throttle_sweep.engines.thread_host import InThreadHost
+    from throttle_sweep.cluster.slot import WarmSlot
+    from throttle_sweep.cluster.thread_host import InThreadHost
     from throttle_sweep.settings.capacity import load_capacity
-    from throttle_sweep.slot import WarmSlot
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rates", default="12.6,12.8,13.0")

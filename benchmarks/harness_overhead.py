@@ -12,7 +12,7 @@ import statistics
 import time
 
 from throttle_sweep.engines import VllmInprocEngine
-from throttle_sweep.workload import WorkloadSpec, drive, make_requests
+from throttle_sweep.measurement.workload import WorkloadSpec, drive, make_requests
 
 
 def main() -> None:

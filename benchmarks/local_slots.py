@@ -23,14 +23,14 @@ import statistics
 import time
 from collections import defaultdict
 
-from throttle_sweep.analysis import analyse
-from throttle_sweep.cost import Price
+from throttle_sweep.cluster.pool import Job, LocalPool
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.engines import VllmInprocEngine
-from throttle_sweep.pool import Job, LocalPool
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
-from throttle_sweep.slot import WarmSlot
-from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.stats.analysis import analyse
+from throttle_sweep.stats.schedule import BASELINE, CANDIDATE, make_schedule
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER, Thresholds
 
 SPEC = WorkloadSpec(num_requests=16, prompt_len=96, output_len=64, concurrency=16)  # conf/workload/closed_loop
 FLAGS = {"max_model_len": 1024, "kv_cache_memory_bytes": 2359296, "enforce_eager": True}  # conf/engine/tiny_cpu

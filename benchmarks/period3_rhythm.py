@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import print_latest_if_asked, record  # noqa: E402
-from throttle_sweep.schedule import make_schedule  # noqa: E402
-from throttle_sweep.stats import pooled_prior, t_quantile  # noqa: E402
+from throttle_sweep.stats.schedule import make_schedule  # noqa: E402
+from throttle_sweep.stats.verdict import pooled_prior, t_quantile  # noqa: E402
 
 ORDER = make_schedule("abba", 4)
 ARM = np.array([a == "candidate" for a in ORDER], dtype=float)

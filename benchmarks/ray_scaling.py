@@ -29,7 +29,7 @@ def sweep_once(slots: int, args: argparse.Namespace, results: Path, name: str) -
 
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import sweep as sweep_cmd
-    from throttle_sweep.records import read_records
+    from throttle_sweep.store.records import read_records
 
     cfg = compose_cfg(
         "backend=fake", "fake.realtime=true", f"fake.start_s={args.replicate_s}", "workload.num_requests=4",

@@ -37,10 +37,10 @@ WORK = ["backend=fake", "workload.num_requests=64", "workload.prompt_len=64", "w
 
 def truth() -> dict[tuple[int, int], tuple[float, int]]:
     """(max_num_seqs, max_num_batched_tokens) -> (cost, preemptions), noiseless."""
-    from throttle_sweep.cost import Price
     from throttle_sweep.engines import FakeEngine, FakeKnobs
-    from throttle_sweep.measure import measure_replicate
-    from throttle_sweep.workload import WorkloadSpec
+    from throttle_sweep.measurement.cost import Price
+    from throttle_sweep.measurement.replicate import measure_replicate
+    from throttle_sweep.measurement.workload import WorkloadSpec
 
     spec = WorkloadSpec(num_requests=64, prompt_len=64, output_len=48, concurrency=32, warmup_requests=0)
     out = {}
@@ -60,8 +60,8 @@ def run(results: Path, name: str, *overrides: str) -> tuple[tuple[int, int] | No
 
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import sweep as sweep_cmd
-    from throttle_sweep.records import read_records
-    from throttle_sweep.search.trials import engine_seconds
+    from throttle_sweep.store.records import read_records
+    from throttle_sweep.sweep.trials import engine_seconds
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = compose_cfg(*WORK, f"study.name={name}", *overrides, tmp_path=results)

@@ -13,8 +13,8 @@ import timeit
 from scipy import special
 from scipy import stats as sps
 
-from throttle_sweep.schedule import make_schedule
-from throttle_sweep.stats import Observation, Thresholds, estimate
+from throttle_sweep.stats.schedule import make_schedule
+from throttle_sweep.stats.verdict import Observation, Thresholds, estimate
 
 PAIRS = {
     "t quantile": (lambda: sps.t.ppf(0.9875, 5.0), lambda: special.stdtrit(5.0, 0.9875)),
@@ -41,7 +41,7 @@ def main() -> None:
     order = make_schedule("abba", 4)
     runs = [Observation(arm, i, (0.5 if arm == "candidate" else 1.0) * (1 + 0.01 * i)) for i, arm in enumerate(order)]
     us = per_call_us(lambda: estimate(runs, Thresholds()), 500)
-    print(f"estimate() of an abba comparison (8 runs), as stats.py computes it now: {us:.0f} us")
+    print(f"estimate() of an abba comparison (8 runs), as stats/verdict.py computes it now: {us:.0f} us")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def probe_only(results: Path, seed: int, jitter: float) -> list[dict[str, Any]]:
 
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import sweep as sweep_cmd
-    from throttle_sweep.search.driver import Sweep
+    from throttle_sweep.sweep.driver import Sweep
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     Sweep.search = lambda self, plan=None: None  # type: ignore[method-assign]
@@ -78,9 +78,9 @@ class Truth:
     """Preemption counts of the same work on a twin with jitter and noise off (or on, for `jittered`)."""
 
     def __init__(self) -> None:
-        from throttle_sweep.cost import Price
         from throttle_sweep.engines.twin import TwinConf, TwinEngine
-        from throttle_sweep.workload import WorkloadSpec
+        from throttle_sweep.measurement.cost import Price
+        from throttle_sweep.measurement.workload import WorkloadSpec
 
         self.spec = WorkloadSpec(**WORK)
         self.price = Price()
@@ -91,7 +91,7 @@ class Truth:
 
     def preemptions(self, seqs: int, tokens: int, engine: Any = None) -> int | None:
         """None where vLLM refuses the flags."""
-        from throttle_sweep.measure import measure_replicate
+        from throttle_sweep.measurement.replicate import measure_replicate
 
         flags = {**self.flags, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
         engine = engine or self.engine

@@ -1,5 +1,5 @@
 """Time to answer on the GPU twin (#45): the main command, `engine=gpu +space=batching` with Qwen2.5-0.5B on an
-H100 twin, run as a user runs it (a subprocess, its own results folder). From its records (search/gpu_time.py:
+H100 twin, run as a user runs it (a subprocess, its own results folder). From its records (sweep/gpu_time.py:
 each engine's start and warm-up once, every run's simulated seconds) it prints the simulated GPU-minutes before
 the plan (calibration and probes) and in all (until the exported winner, or the verdict that none beat vLLM's
 defaults), against #45's targets: the plan within 5 GPU-minutes, the answer within 30. The twin predicts; these
@@ -46,7 +46,7 @@ def run_sweep(checkout: Path, results: Path, extra: list[str], name: str = "twin
 
 def gpu_minutes(folder: Path, checkout: Path) -> dict[str, float]:
     """GPU-minutes before the plan and in all, computed by the checkout's own gpu_time.py from the records."""
-    code = ("import json,sys; from throttle_sweep.search.gpu_time import gpu_time; "
+    code = ("import json,sys; from throttle_sweep.sweep.gpu_time import gpu_time; "
             "t = gpu_time(json.loads(l) for l in open(sys.argv[1])); print(json.dumps([t.before_plan_s, t.total_s]))")
     out = subprocess.run([sys.executable, "-c", code, str(folder / "replicates.jsonl")], cwd=checkout,
                          capture_output=True, text=True, check=True).stdout

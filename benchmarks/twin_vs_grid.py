@@ -65,9 +65,9 @@ class Twin:
     grid point), in one process: torch.compile comes from its cache after the first start, as on disk."""
 
     def __init__(self, records: list[dict[str, Any]], twin: dict[str, Any]) -> None:
-        from throttle_sweep.cost import Price
         from throttle_sweep.engines.twin import TwinConf, TwinEngine
-        from throttle_sweep.workload import WorkloadSpec
+        from throttle_sweep.measurement.cost import Price
+        from throttle_sweep.measurement.workload import WorkloadSpec
 
         done = next(r for r in records if r.get("stage") == "search" and r.get("status") == "ok")
         work = {**done["workload"], "num_requests": done["requests_completed"], "replicate_s": None}
@@ -80,7 +80,7 @@ class Twin:
 
     def run(self, seqs: int, tokens: int) -> dict[str, Any] | None:
         """{usd_per_mtok, start_s, run_s, preemptions}, or None where vLLM refuses the flags."""
-        from throttle_sweep.measure import measure_replicate
+        from throttle_sweep.measurement.replicate import measure_replicate
 
         flags = {**self.flags, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
         if self.engine.refusal(flags):
@@ -106,7 +106,7 @@ def main() -> None:
         folder, _, _ = run_sweep(checkout, Path(tempfile.mkdtemp(prefix="twin-vs-grid-")), [])
     sweep_s = time.monotonic() - began
     answer, baseline, records = sweep_answer(folder)
-    from throttle_sweep.search.gpu_time import gpu_time
+    from throttle_sweep.sweep.gpu_time import gpu_time
 
     sweep_min = gpu_time(records).total_s / 60
     import yaml

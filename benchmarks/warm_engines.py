@@ -22,13 +22,13 @@ import time
 
 from scipy import stats as sps
 
-from throttle_sweep.analysis import analyse
-from throttle_sweep.cost import Price
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.engines import VllmInprocEngine
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule
-from throttle_sweep.slot import WarmSlot
-from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.stats.analysis import analyse
+from throttle_sweep.stats.schedule import BASELINE, CANDIDATE, make_schedule
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER, Thresholds
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from throttle_sweep.models import QWEN2_5_0_5B as QWEN
-from throttle_sweep.records import read_records
-from throttle_sweep.search.gpu_time import gpu_time
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.gpu_time import gpu_time
 
 PUBLISHED = "ratio 0.314 [0.301, 0.328] (A100, Qwen2.5-0.5B, six runs)"
 
@@ -96,7 +96,7 @@ def twin_gpu(name: str) -> str:
 
 
 def minutes(path: Path) -> float:
-    """The GPU-minutes a step's records stand for on the twin (search/gpu_time.py)."""
+    """The GPU-minutes a step's records stand for on the twin (sweep/gpu_time.py)."""
     return gpu_time(read_records(path)).total_s / 60
 
 

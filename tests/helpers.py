@@ -11,10 +11,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from throttle_sweep.config import CONF_DIR, register
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
-from throttle_sweep.measure import measure_replicate
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate
+from throttle_sweep.settings.schema import CONF_DIR, register
 
 
 def compose_cfg(*overrides: str, tmp_path: Path | None = None):

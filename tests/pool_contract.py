@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import compose_cfg
-from throttle_sweep.pool import Job, Pool
+from throttle_sweep.cluster.pool import Job, Pool
 
 WORK = ["backend=fake", "fake.start_s=0.1", "workload.num_requests=8", "workload.prompt_len=16", "workload.output_len=16",
         "workload.concurrency=8", "workload.warmup_requests=0", "engine.kv_cache_memory_bytes=131072",

@@ -10,9 +10,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from throttle_sweep.cli_errors import compose_or_explain
-from throttle_sweep.config import CONF_DIR, register
+from throttle_sweep.cli import compose_or_explain
 from throttle_sweep.errors import ThrottleSweepError
+from throttle_sweep.settings.schema import CONF_DIR, register
 
 MODES = ("measure", "compare", "analyze", "sweep", "export", "capacity", "recheck", "plan")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import compose_cfg, gpu_check
-from throttle_sweep.records import read_records
-from throttle_sweep.search.gpu_time import gpu_time
 from throttle_sweep.settings.sweep import load_sweep
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.gpu_time import gpu_time
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration

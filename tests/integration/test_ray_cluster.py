@@ -20,11 +20,11 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from tests.helpers import compose_cfg
+from throttle_sweep.cluster.ray_runtime import belongs_to
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.compare import MAX_ATTEMPTS
-from throttle_sweep.ray_runtime import belongs_to
-from throttle_sweep.records import read_records
-from throttle_sweep.search.trials import measured
+from throttle_sweep.stats.comparison import MAX_ATTEMPTS
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.trials import measured
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,8 +216,8 @@ def test_a_hung_engine_is_ended_at_its_deadline_and_blamed_on_the_slot_not_the_c
 
 
 def test_an_actor_that_died_idle_is_not_blamed_on_the_next_replicate(cluster, tmp_path):
-    from throttle_sweep.cluster import make_ray_pool
-    from throttle_sweep.pool import Job
+    from throttle_sweep.cluster.pool import Job
+    from throttle_sweep.cluster.ray_pool import make_ray_pool
     from throttle_sweep.settings.sweep import load_sweep
 
     cfg = compose_cfg(*FAKE, "ray.enabled=true", f"ray.address={cluster.address}", "ray.slots=1", tmp_path=tmp_path)
@@ -296,8 +296,8 @@ def test_what_ray_slots_finished_but_the_driver_did_not_write_is_in_drain(cluste
     collected, also when the pool was closed first. Before, a Ray pool had no drain: they were lost."""
     import ray
 
-    from throttle_sweep.cluster import RayPool, SlotShape
-    from throttle_sweep.pool import Job
+    from throttle_sweep.cluster.pool import Job
+    from throttle_sweep.cluster.ray_pool import RayPool, SlotShape
 
     class QuickAndSlow:
         """A slot actor without an engine: slot 0 answers at once, slot 1 after a second."""

@@ -24,8 +24,8 @@ from rich.console import Console
 from tests.helpers import compose_cfg, default_sigint
 from tests.integration.test_ray_cluster import FAKE, NO_PROBES, ROOT, assert_complete_comparisons, most_at_once
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.records import read_records
-from throttle_sweep.search.trials import measured
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.trials import measured
 
 pytestmark = pytest.mark.integration
 

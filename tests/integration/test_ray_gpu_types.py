@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import GOODPUT_TYPED, compose_cfg
+from throttle_sweep.cluster.ray_runtime import ClusterError
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.ray_runtime import ClusterError
-from throttle_sweep.records import read_records
+from throttle_sweep.store.records import read_records
 
 pytestmark = pytest.mark.integration
 

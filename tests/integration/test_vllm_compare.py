@@ -9,7 +9,7 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import compare as compare_cmd
-from throttle_sweep.stats import CHEAPER, PRICIER
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER
 
 pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # verdicts of the real engine
 SMALL = ["workload.num_requests=16", "workload.output_len=32", "workload.prompt_len=32", "workload.warmup_requests=2"]

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.records import read_records
+from throttle_sweep.store.records import read_records
 
 # a real engine's verdict on timing: beside other tests on 2 cores it measured the neighbours (CI, 2026-12-07)
 pytestmark = [pytest.mark.integration, pytest.mark.quiet]

@@ -11,7 +11,6 @@ import sys
 import psutil
 import pytest
 
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import VllmInprocEngine
 from throttle_sweep.engines.flags import (
     check_flags,
@@ -24,9 +23,10 @@ from throttle_sweep.engines.flags import (
     vllm_flag_schema,
 )
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
-from throttle_sweep.records import append_record, read_records
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import append_record, read_records
 
 pytestmark = pytest.mark.integration
 BASE = {"max_model_len": 1024, "kv_cache_memory_bytes": 64 << 20, "enforce_eager": True, "seed": 0}
@@ -112,7 +112,7 @@ def test_eight_in_flight_is_clearly_cheaper_than_one(engine):
 
 
 def test_a_kv_pin_gives_a_later_start_exactly_the_capacity_of_the_engine_it_came_from(engine):
-    """What a GPU slot keeping engines asleep relies on (slot.py): the pin read from one engine, passed to a
+    """What a GPU slot keeping engines asleep relies on (cluster/slot.py): the pin read from one engine, passed to a
     start that would otherwise size its KV cache differently, gives the same blocks."""
     first = engine.start({**BASE, "kv_cache_memory_bytes": 4 << 20})
     try:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import servers_running
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import VllmInprocEngine, vllm_server
 from throttle_sweep.engines.vllm_inproc import served_batch_defaults
-from throttle_sweep.measure import measure_on
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_on
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 pytestmark = pytest.mark.integration
 SITECUSTOMIZE = '''import importlib.metadata as m

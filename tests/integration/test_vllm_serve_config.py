@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from throttle_sweep.search.export import export_best
+from throttle_sweep.sweep.export import export_best
 
 pytestmark = pytest.mark.integration
 

@@ -4,10 +4,10 @@ them, and the export serves them. Real vLLM CPU build; on a GPU the same code re
 
 from __future__ import annotations
 
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import VllmInprocEngine
-from throttle_sweep.measure import measure_replicate
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 FLAGS = {"max_model_len": 1024, "kv_cache_memory_bytes": 2359296, "enforce_eager": True, "seed": 0}
 

@@ -18,12 +18,12 @@ from tests.helpers import SERVER_EDGE as EDGE
 from tests.helpers import SERVER_SMALL as SMALL
 from tests.helpers import compose_cfg, servers_running
 from throttle_sweep.commands import measure as measure_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import VllmInprocEngine
 from throttle_sweep.engines.vllm_server import VllmServerEngine, port_is_free
-from throttle_sweep.measure import measure_on
-from throttle_sweep.records import read_records
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_on
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import read_records
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def test_a_warm_server_counts_each_replicates_own_preemptions_and_is_gone_after(
     add up to the server's own counter. Every request produces its exact length. How many times is not exact
     over HTTP, unlike in-process: the requests reach the server one by one, and where each lands among the
     engine's steps moves the schedule (CI saw 1 then 5 against 5 in-process; 12 then 14 against 8). The
-    sweep's boundary recheck is what catches that (search/boundary.py)."""
+    sweep's boundary recheck is what catches that (sweep/boundary.py)."""
     engine = VllmServerEngine(log_dir=tmp_path / "logs", start_timeout_s=300)
     spec = WorkloadSpec(num_requests=36, prompt_len=32, output_len=128, concurrency=12, warmup_requests=0)
     session = engine.start({**EDGE, "max_num_seqs": 12})

@@ -16,8 +16,8 @@ from tests.helpers import compose_cfg, servers_running
 from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines.vllm_server import VllmServerEngine
-from throttle_sweep.records import read_records
-from throttle_sweep.stats import CHEAPER
+from throttle_sweep.stats.verdict import CHEAPER
+from throttle_sweep.store.records import read_records
 
 # every verdict here goes through vLLM's API server, whose per-token work is not batched: beside another engine on
 # 2 cores a 16-request replicate's saving at 8 in flight vanished (1.108 [0.748, 1.639]; 0.2-0.3 alone)

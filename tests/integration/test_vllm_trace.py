@@ -11,7 +11,7 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import measure as measure_cmd
-from throttle_sweep.records import read_records
+from throttle_sweep.store.records import read_records
 
 pytestmark = pytest.mark.integration
 

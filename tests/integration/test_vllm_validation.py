@@ -99,11 +99,11 @@ def test_a_sweep_on_vllm_probes_only_the_values_vllm_accepts_and_keeps_the_refus
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     from throttle_sweep.engines import VllmInprocEngine
-    from throttle_sweep.search.boundary import knob_values
-    from throttle_sweep.search.options import SweepSettings
-    from throttle_sweep.search.refusals import probe_distribution
-    from throttle_sweep.search.schedules import ScheduleIndex
-    from throttle_sweep.search.state import StudyView
+    from throttle_sweep.sweep.boundary import knob_values
+    from throttle_sweep.sweep.options import SweepSettings
+    from throttle_sweep.sweep.refusals import probe_distribution
+    from throttle_sweep.sweep.schedules import ScheduleIndex
+    from throttle_sweep.sweep.state import StudyView
 
     monkeypatch.setattr(vllm, "LLM", lambda **kw: pytest.fail("an engine started"))
     seqs = IntDistribution(1000, 1100)

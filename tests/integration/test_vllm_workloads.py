@@ -12,8 +12,8 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.records import read_records
-from throttle_sweep.workload import WorkloadSpec, read_sharegpt
+from throttle_sweep.measurement.workload import WorkloadSpec, read_sharegpt
+from throttle_sweep.store.records import read_records
 
 pytestmark = pytest.mark.integration
 

@@ -11,16 +11,16 @@ import time
 
 import psutil
 
-from throttle_sweep.pool import Job, LocalPool
+from throttle_sweep.cluster.pool import Job, LocalPool
 
 
 def test_closing_two_slots_while_both_measure_ends_every_engine_process_and_thread():
     """Ctrl-C with two local slots: the driver's thread closes the slots while each slot's thread waits for
     its engine (here both engines hang). Every engine process ends, both threads end, nothing raises."""
-    from throttle_sweep.cost import Price
+    from throttle_sweep.cluster.slot import WarmSlot
     from throttle_sweep.engines import FakeEngine, FakeKnobs
-    from throttle_sweep.slot import WarmSlot
-    from throttle_sweep.workload import WorkloadSpec
+    from throttle_sweep.measurement.cost import Price
+    from throttle_sweep.measurement.workload import WorkloadSpec
 
     spec = WorkloadSpec(num_requests=8, prompt_len=16, output_len=32, concurrency=8, warmup_requests=0)
     engine = FakeEngine(FakeKnobs(hang_when={"max_num_seqs": 1}))

@@ -4,12 +4,12 @@ replicates through either give the same records, apart from where and when they 
 
 from __future__ import annotations
 
-from throttle_sweep.cost import Price
+from throttle_sweep.cluster.host import EngineHost
+from throttle_sweep.cluster.slot import WarmSlot
+from throttle_sweep.cluster.thread_host import InThreadHost
 from throttle_sweep.engines import FakeEngine, FakeKnobs
-from throttle_sweep.engines.host import EngineHost
-from throttle_sweep.engines.thread_host import InThreadHost
-from throttle_sweep.slot import WarmSlot
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 # where and when a replicate ran: the only things the two hosts may differ in
 WHERE_AND_WHEN = {"record_id", "started_at", "ended_at", "environment", "pid", "id", "host"}

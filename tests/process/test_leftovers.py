@@ -11,7 +11,7 @@ import tempfile
 
 import psutil
 
-from throttle_sweep.ray_runtime import LEFTOVERS, end_leftovers
+from throttle_sweep.cluster.ray_runtime import LEFTOVERS, end_leftovers
 
 
 def started(*args):

@@ -15,7 +15,7 @@ import optuna
 import pytest
 
 from tests.unit.test_sweep import ROOT, SPACE, WHOLE, WORK, truth
-from throttle_sweep.records import read_records
+from throttle_sweep.store.records import read_records
 
 # the fake's step times at a quarter of their defaults (the same surface, the same boundary): the killed process
 # runs in real time, and at the defaults its trial case took 44 s

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from throttle_sweep.signals import deferred, stop_on_sigterm
+from throttle_sweep.cluster.signals import deferred, stop_on_sigterm
 
 
 def spin() -> None:

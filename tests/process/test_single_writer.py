@@ -19,8 +19,8 @@ from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.records import read_records
-from throttle_sweep.runlock import RunLockedError, hold
+from throttle_sweep.store.lock import RunLockedError, hold
+from throttle_sweep.store.records import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["backend=fake", "workload.num_requests=8", "workload.prompt_len=16", "workload.output_len=16",

@@ -1,4 +1,4 @@
-"""Warm engines (slot.py, engines/host.py) on the fake engine: each engine lives in its own process and stays
+"""Warm engines (cluster/slot.py, cluster/host.py) on the fake engine: each engine lives in its own process and stays
 up across its flags' replicates; the restart policy ends lifetimes when asked; an engine process that dies
 fails its replicate and is replaced; no engine process outlives the driver, however the driver ends."""
 
@@ -17,11 +17,11 @@ import psutil
 import pytest
 
 from tests.helpers import compose_cfg, default_sigint
-from throttle_sweep.cost import Price
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.slot import WarmSlot
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
 B, C = {"max_num_seqs": 1}, {"max_num_seqs": 4}
@@ -188,9 +188,9 @@ def test_aa_false_verdicts_by_restart_policy_when_engines_differ(policy, most):
     engine per arm (restart=never) the interval sees only the 1%, and A/A comparisons claim differences that
     are the engines'; with a new engine per replicate the engines' spread is part of the noise, and a false
     verdict either way stays near alpha (5 of 40 would be a 1-in-100 event)."""
-    from throttle_sweep.analysis import analyse
-    from throttle_sweep.schedule import make_schedule
-    from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
+    from throttle_sweep.stats.analysis import analyse
+    from throttle_sweep.stats.schedule import make_schedule
+    from throttle_sweep.stats.verdict import CHEAPER, PRICIER, Thresholds
 
     s = slot(FakeKnobs(noise_sd=0.01, lifetime_sd=0.03), restart=policy, engine_warmup="none")
     false = 0
@@ -272,8 +272,8 @@ def test_no_engine_process_outlives_the_driver(tmp_path: Path, sig):
 def test_an_engine_that_cannot_begin_a_replicate_fails_it_without_ending_the_engine_process(monkeypatch):
     """A warm server that died while idle cannot reset its prefix cache: the replicate fails as the slot's
     loss (it was up from an earlier replicate), the engine is ended, and the process goes on serving."""
+    from throttle_sweep.cluster.host import Task, run_task
     from throttle_sweep.engines import fake
-    from throttle_sweep.engines.host import Task, run_task
 
     spec = WorkloadSpec(num_requests=4, prompt_len=8, output_len=8, concurrency=4, warmup_requests=0)
     engine, flags = FakeEngine(FakeKnobs()), {"max_num_seqs": 4, "kv_cache_memory_bytes": 1 << 20}

@@ -9,10 +9,10 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def engines_in_thread(monkeypatch):
+    from throttle_sweep.cluster.host import EngineHost
+    from throttle_sweep.cluster.slot import WarmSlot
+    from throttle_sweep.cluster.thread_host import InThreadHost
     from throttle_sweep.engines.fake import FakeEngine
-    from throttle_sweep.engines.host import EngineHost
-    from throttle_sweep.engines.thread_host import InThreadHost
-    from throttle_sweep.slot import WarmSlot
 
     def make_host(engine, spec, price, *, name):
         if isinstance(engine, FakeEngine) and not (engine.knobs.exit_when or engine.knobs.hang_when):

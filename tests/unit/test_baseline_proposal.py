@@ -12,11 +12,11 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from throttle_sweep.schedule import BASELINE
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.schedules import ScheduleIndex
-from throttle_sweep.search.state import StudyView
-from throttle_sweep.search.twins import tell_same_schedule
+from throttle_sweep.stats.schedule import BASELINE
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.schedules import ScheduleIndex
+from throttle_sweep.sweep.state import StudyView
+from throttle_sweep.sweep.twins import tell_same_schedule
 
 SERVED = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
 PROBE = {"status": "ok", "usd_per_mtok": 0.5, "preemptions": 0, "served_defaults": SERVED,
@@ -35,7 +35,7 @@ def view() -> StudyView:
 
 def test_the_baselines_served_defaults_proposed_are_told_the_baselines_answer_unmeasured(monkeypatch):
     v = view()
-    monkeypatch.setattr("throttle_sweep.search.twins.p95", lambda record, metric: 0.1)
+    monkeypatch.setattr("throttle_sweep.sweep.twins.p95", lambda record, metric: 0.1)
     v.study.enqueue_trial(SERVED)
     trial = v.study.ask(v.distributions)
     assert v.schedule_twin(trial.params) == BASELINE
@@ -55,7 +55,7 @@ def test_other_flags_are_not_the_baseline():
 
 
 def test_the_report_says_it_is_the_baseline_not_measured():
-    from throttle_sweep.search.report import row_cells
+    from throttle_sweep.sweep.report import row_cells
 
     row = {"usd_per_mtok": 0.5, "ratio": 1.0, "ci": None, "status": "ok", "feasible": True, "reason": None,
            "source": "baseline", "same_schedule_as": "the baseline", "stopped": None}

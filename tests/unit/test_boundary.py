@@ -13,8 +13,8 @@ from rich.console import Console
 from tests.helpers import PoolBasics, compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.records import read_records
-from throttle_sweep.search.boundary import (
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.boundary import (
     NOISY_REPEATS,
     BoundarySearch,
     describe,
@@ -228,9 +228,9 @@ class ParallelPool(PoolBasics):
         self.queue.append(job)
 
     def wait(self):
-        from throttle_sweep.cost import Price
-        from throttle_sweep.measure import measure_replicate
-        from throttle_sweep.workload import WorkloadSpec
+        from throttle_sweep.measurement.cost import Price
+        from throttle_sweep.measurement.replicate import measure_replicate
+        from throttle_sweep.measurement.workload import WorkloadSpec
 
         spec = WorkloadSpec(num_requests=32, prompt_len=16, output_len=48, concurrency=32, warmup_requests=0)
         done, self.queue = self.queue, []
@@ -244,8 +244,8 @@ class ParallelPool(PoolBasics):
 
 
 def test_probes_use_every_free_slot_in_each_round():
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     pool = ParallelPool()
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
@@ -260,8 +260,8 @@ def test_probes_use_every_free_slot_in_each_round():
 
 
 def probe_sweep(distributions):
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     pool = ParallelPool()
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
@@ -355,8 +355,8 @@ def test_the_points_after_a_repeating_sampler_are_new_configurations_not_schedul
 
 def probed_sweep(distributions):
     """A driver whose probes have run (the noiseless fake, three slots at once), nothing else measured yet."""
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
     sweep = Sweep(study=optuna.create_study(), distributions=distributions, base_flags=flags,
@@ -478,8 +478,8 @@ def test_a_reference_that_preempts_in_a_search_comparison_answers_nothing():
     """The reference is clean by its probes, not by law: where its arm preempts in a comparison, its cost is
     inflated and the ratio flatters the candidate. That comparison answers nothing (blamed on the yardstick,
     the point stays on offer) instead of ranking the candidate on it."""
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     flags = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

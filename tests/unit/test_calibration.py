@@ -11,13 +11,13 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
-from throttle_sweep import calibration
 from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.records import read_records
+from throttle_sweep.measurement import calibration
+from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.settings.sections import workload_from
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.store.records import read_records
 
 
 def test_the_size_scales_the_calibration_run_to_the_target_time_and_keeps_every_request_in_flight():
@@ -65,7 +65,7 @@ def test_a_sweep_sized_by_time_calibrates_once_and_every_replicate_runs_the_size
     cal = calibrations[0]
     assert cal["workload"]["num_requests"] == 16 and cal["flags"]["max_num_seqs"] == 1  # the baseline, as configured
     sized = max(16, math.ceil(16 * 20 / cal["wall_s"]))
-    # a probe runs two waves of its own batch (search/capacity.py), every other run the sized work
+    # a probe runs two waves of its own batch (sweep/kv_capacity.py), every other run the sized work
     probes = [r for r in records if r.get("workload_changed")]
     assert probes and all(r["workload"]["num_requests"] == 2 * r["flags"]["max_num_seqs"] for r in probes)
     rest = [r for r in records if r.get("stage") != "calibration" and not r.get("workload_changed")]

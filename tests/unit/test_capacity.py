@@ -13,11 +13,11 @@ from rich.console import Console
 from tests.helpers import compose_cfg
 from throttle_sweep.capacity.slo import Slo
 from throttle_sweep.capacity.steady import counted
-from throttle_sweep.cli_errors import compose_or_explain
+from throttle_sweep.cli import compose_or_explain
 from throttle_sweep.commands import capacity as capacity_cmd
-from throttle_sweep.config import CONF_DIR
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.records import read_records
+from throttle_sweep.settings.schema import CONF_DIR
+from throttle_sweep.store.records import read_records
 
 SLO = ("slo.p95_ttft_s=0.2", "slo.p95_tpot_s=0.05")
 SMALL = ("backend=fake", "workload.num_requests=100", "capacity.run_s=20", "capacity.knee_rates=4",

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from throttle_sweep.capacity.knee import fit_knee
-from throttle_sweep.capacity.search import ALWAYS_MET, FOUND, NEVER_MET, RateSearch
+from throttle_sweep.capacity.rates import ALWAYS_MET, FOUND, NEVER_MET, RateSearch
 from throttle_sweep.capacity.slo import Slo
 from throttle_sweep.capacity.steady import counted
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.stats import t_quantile
+from throttle_sweep.stats.verdict import t_quantile
 
 
 def test_attainment_counts_requests_meeting_both_limits():

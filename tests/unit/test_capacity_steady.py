@@ -64,9 +64,9 @@ def test_a_run_whose_queue_grew_yet_kept_the_slo_is_run_again_twice_as_long_and_
     shows the queue cannot hold the rate."""
     from tests.helpers import compose_cfg
     from throttle_sweep.capacity.runs import measure_rate, met_of
-    from throttle_sweep.records import RecordLog
+    from throttle_sweep.cluster.slot import WarmSlot
     from throttle_sweep.settings.capacity import load_capacity
-    from throttle_sweep.slot import WarmSlot
+    from throttle_sweep.store.records import RecordLog
 
     r = load_capacity(compose_cfg("mode=capacity", "backend=fake", "workload=open_loop", "workload.num_requests=50",
                                   "engine.max_num_seqs=8", "slo.p95_ttft_s=3", "capacity.run_s=20", "run=g",

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from throttle_sweep.cluster import ClusterError, SlotShape, hostable_slots, slot_shape
+from throttle_sweep.cluster.ray_pool import ClusterError, SlotShape, hostable_slots, slot_shape
 
 CONF = {"slots": None, "cpu_slots": 2, "max_slots": 8, "gpus_per_slot": None, "cpus_per_slot": 1.0}
 
@@ -43,7 +43,7 @@ def test_a_ray_address_where_nothing_listens_gets_a_clear_error_in_seconds(tmp_p
     import pytest
 
     from tests.helpers import compose_cfg
-    from throttle_sweep.ray_runtime import ClusterError, connect
+    from throttle_sweep.cluster.ray_runtime import ClusterError, connect
 
     with socket.socket() as probe:  # a loopback port that was free a moment ago: nothing listens there
         probe.bind(("127.0.0.1", 0))
@@ -65,7 +65,7 @@ def test_a_ray_address_where_nothing_listens_gets_a_clear_error_in_seconds(tmp_p
 def test_a_slot_holds_every_gpu_of_its_engines_world(engine, gpus):
     """A slot's engine uses tensor x pipeline parallel GPUs; a slot with fewer would make vLLM look for the
     rest outside the slot (its Ray executor, when the world is larger than the GPUs it sees)."""
-    from throttle_sweep.cluster import engine_world
+    from throttle_sweep.cluster.ray_pool import engine_world
 
     assert engine_world([("engine", engine)]) == gpus
     assert slot_shape(CONF, {"CPU": 8.0, "GPU": 12.0}, engine_world([("engine", engine)])).num_gpus == gpus
@@ -73,7 +73,7 @@ def test_a_slot_holds_every_gpu_of_its_engines_world(engine, gpus):
 
 def test_a_space_that_pairs_tensor_and_pipeline_parallel_gets_slots_for_the_largest_pair():
     """The sweep's starts vary one knob at a time from the base, but the search may pair tp=2 with pp=2."""
-    from throttle_sweep.cluster import engine_world
+    from throttle_sweep.cluster.ray_pool import engine_world
 
     starts = [("baseline", {"tensor_parallel_size": 1}), ("space.tensor_parallel_size=2", {"tensor_parallel_size": 2}),
               ("space.pipeline_parallel_size=2", {"pipeline_parallel_size": 2})]
@@ -81,7 +81,7 @@ def test_a_space_that_pairs_tensor_and_pipeline_parallel_gets_slots_for_the_larg
 
 
 def test_vllms_ray_executor_inside_a_slot_is_refused_before_any_slot_starts():
-    from throttle_sweep.cluster import engine_world
+    from throttle_sweep.cluster.ray_pool import engine_world
 
     with pytest.raises(ClusterError, match="engine.distributed_executor_backend"):
         engine_world([("engine", {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})])
@@ -96,7 +96,7 @@ def test_vllms_ray_executor_inside_a_slot_is_refused_before_any_slot_starts():
 ])
 def test_ray_cpu_slots_on_one_node_share_the_machine(placements, gpus, shares):
     """Where they share a machine, confirmations run alone, as local slots do."""
-    from throttle_sweep.cluster import share_a_machine
+    from throttle_sweep.cluster.ray_pool import share_a_machine
 
     assert share_a_machine(dict(enumerate(placements)), SlotShape(len(placements), gpus, 1.0, "")) is shares
 
@@ -106,7 +106,7 @@ def test_a_space_that_reaches_vllms_ray_executor_is_refused_before_ray_starts(tm
     from rich.console import Console
 
     from tests.helpers import compose_cfg
-    from throttle_sweep import cluster
+    from throttle_sweep.cluster import ray_pool as cluster
     from throttle_sweep.commands import sweep as sweep_cmd
 
     monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("Ray was started"))

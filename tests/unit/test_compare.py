@@ -8,13 +8,13 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
-from throttle_sweep.analysis import analyse
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands import analyze as analyze_cmd
 from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.errors import ConfigError, RecordError
-from throttle_sweep.records import read_records
-from throttle_sweep.slot import WarmSlot
-from throttle_sweep.stats import CHEAPER, PRICIER, WITHHELD, Thresholds
+from throttle_sweep.stats.analysis import analyse
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER, WITHHELD, Thresholds
+from throttle_sweep.store.records import read_records
 
 NOISY = ["backend=fake", "fake.noise_sd=0.02", "fake.drift_per_start=0.05", "workload.num_requests=24",
          "workload.output_len=32"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from throttle_sweep.cost import Price, engine_gpus
 from throttle_sweep.engines import FakeEngine, FakeKnobs
-from throttle_sweep.measure import measure_replicate, one_line
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.engines.flags import engine_gpus
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate, one_line
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
 
@@ -34,10 +35,10 @@ def test_a_tensor_parallel_engine_is_charged_for_both_its_gpus_whatever_cost_gpu
 def test_the_dollar_budget_counts_every_gpu_a_record_was_charged_for():
     import optuna
 
-    from throttle_sweep.pool import LocalPool
-    from throttle_sweep.search.budget import budget_left
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.cluster.pool import LocalPool
+    from throttle_sweep.sweep.budget import budget_left
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     hour_on = [{"wall_s": 1800.0, "gpus": 2}, {"wall_s": 1800.0, "gpus": 2}]  # two engine half-hours on 2 GPUs each
     settings = SweepSettings(n_trials=10, budget_usd=1.5, usd_per_gpu_hour=1.0)

@@ -16,18 +16,18 @@ from optuna.trial import create_trial
 from rich.console import Console
 
 from tests.helpers import FakeOneSlot, compose_cfg
-from throttle_sweep.analysis import Analysis
 from throttle_sweep.commands import export as export_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.schedule import make_schedule
-from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.report import boundary
-from throttle_sweep.search.winner import Confirmation, choose_winner
-from throttle_sweep.stats import CHEAPER, INCONCLUSIVE, NO_DIFFERENCE, Observation, Thresholds, decide, estimate
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.stats.analysis import Analysis
+from throttle_sweep.stats.schedule import make_schedule
+from throttle_sweep.stats.verdict import CHEAPER, INCONCLUSIVE, NO_DIFFERENCE, Observation, Thresholds, decide, estimate
+from throttle_sweep.sweep.driver import Sweep
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.report import boundary
+from throttle_sweep.sweep.winner import Confirmation, choose_winner
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
 
@@ -94,9 +94,9 @@ def test_a_saving_inside_the_equivalence_margin_is_not_a_plain_cheaper():
 def test_a_sweep_without_a_winner_names_the_savings_beyond_the_noise_that_did_not_clear_the_margin():
     """No winner is not 'none beat the baseline' when a confirmed interval lies wholly below 1: the report
     says which candidates saved beyond the noise but not beyond the margin a claim must clear."""
-    from throttle_sweep.cost import Price
-    from throttle_sweep.search.driver import SweepResult
-    from throttle_sweep.search.report import lines
+    from throttle_sweep.measurement.cost import Price
+    from throttle_sweep.sweep.driver import SweepResult
+    from throttle_sweep.sweep.report import lines
 
     small = confirmation(3, 0.96, 0.93, 0.99, INCONCLUSIVE)
     none = confirmation(4, 1.0, 0.95, 1.05, INCONCLUSIVE)

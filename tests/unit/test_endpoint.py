@@ -17,7 +17,7 @@ from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.records import read_records
+from throttle_sweep.store.records import read_records
 
 WORK = ["backend=endpoint", "workload.num_requests=8", "workload.output_len=8", "workload.prompt_len=8",
         "workload.warmup_requests=0", "plots=false"]

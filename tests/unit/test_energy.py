@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import compose_cfg
-from throttle_sweep import energy
 from throttle_sweep.commands import measure as measure_cmd
-from throttle_sweep.cost import Price
-from throttle_sweep.energy import NO_NVML, Meter, energy_note, meter_for, open_meter
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_on, one_line
+from throttle_sweep.measurement import energy
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.energy import NO_NVML, Meter, energy_note, meter_for, open_meter
+from throttle_sweep.measurement.replicate import measure_on, one_line
+from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.settings.sections import price_from
-from throttle_sweep.workload import WorkloadSpec
 
 # 20 requests, 8 at a time: the last 4 run with the engine part-full, so the steady window ends before the run
 SPEC = WorkloadSpec(num_requests=20, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
@@ -161,14 +161,14 @@ def test_usd_per_kwh_without_an_energy_counter_is_refused_before_any_engine_star
 def test_compare_and_sweep_show_joules_per_token_beside_the_cost_and_say_the_price_includes_energy(tmp_path):
     import optuna
 
-    from throttle_sweep.analysis import analyse
-    from throttle_sweep.report import lines as compare_lines
-    from throttle_sweep.report import write
-    from throttle_sweep.search.driver import SweepResult
-    from throttle_sweep.search.options import SweepSettings
-    from throttle_sweep.search.report import lines as sweep_lines
-    from throttle_sweep.search.trials import trial_summary
-    from throttle_sweep.stats import Thresholds
+    from throttle_sweep.report.comparison import lines as compare_lines
+    from throttle_sweep.report.comparison import write
+    from throttle_sweep.stats.analysis import analyse
+    from throttle_sweep.stats.verdict import Thresholds
+    from throttle_sweep.sweep.driver import SweepResult
+    from throttle_sweep.sweep.options import SweepSettings
+    from throttle_sweep.sweep.report import lines as sweep_lines
+    from throttle_sweep.sweep.trials import trial_summary
 
     price = Price(2.0, 1, usd_per_kwh=0.15)
     records = []
@@ -202,8 +202,8 @@ def test_compare_and_sweep_show_joules_per_token_beside_the_cost_and_say_the_pri
 def test_a_slot_prices_its_replicates_energy_and_leaves_the_engines_unmeasured_warm_up_unpriced(monkeypatch):
     import itertools
 
-    from throttle_sweep.engines import host
-    from throttle_sweep.slot import WarmSlot
+    from throttle_sweep.cluster import host
+    from throttle_sweep.cluster.slot import WarmSlot
 
     ticks = itertools.count()  # each reading one second on: 100 J a reading
     meter = open_meter(1, nvml=lambda: FakeNVML([100.0], clock=lambda: float(next(ticks))), env={})

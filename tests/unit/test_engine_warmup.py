@@ -4,10 +4,10 @@ work would double the first run's cost (on a GPU, minutes before the sweep's pla
 
 from __future__ import annotations
 
-from throttle_sweep.cost import Price
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.engines.fake import FakeEngine, FakeKnobs
-from throttle_sweep.slot import WarmSlot
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 
 def test_the_engine_warm_up_runs_every_request_with_the_short_warm_up_output():

@@ -51,8 +51,8 @@ def test_overrides_compose_back_to_exactly_the_recorded_values():
     """Strings that look like numbers or bools stay strings; an engine without a package default's key
     (deleted with ~) is composed without it, not with the default back."""
     from tests.helpers import compose_cfg
-    from throttle_sweep.provenance import overrides_for
     from throttle_sweep.settings.sections import plain
+    from throttle_sweep.store.provenance import overrides_for
 
     engine = {"model": "org/m-1.0", "revision": "12e45678", "tokenizer_mode": "True", "seed": 0,
               "max_model_len": 256, "kv_cache_memory_bytes": None, "hf_overrides": {"a": 1.5}}
@@ -63,7 +63,7 @@ def test_overrides_compose_back_to_exactly_the_recorded_values():
 
 
 def test_the_command_line_sets_only_what_its_overrides_and_chosen_files_set():
-    from throttle_sweep.provenance import set_on_command_line
+    from throttle_sweep.store.provenance import set_on_command_line
 
     sections, keys = set_on_command_line(["+experiment=demo", "mode=export", "study.name=demo"])
     assert not sections and "engine.max_model_len" in keys and "workload.num_requests" in keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from throttle_sweep.capacity.front import FleetPoint, fleet_points, latency_at, pareto
+from throttle_sweep.sweep.goodput.front import FleetPoint, fleet_points, latency_at, pareto
 
 
 def run(rate, ttft, tpot):

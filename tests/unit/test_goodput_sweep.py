@@ -14,11 +14,11 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.capacity.knee import Knee
-from throttle_sweep.capacity.pick import Costed, pick
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.records import read_records
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.goodput.pick import Costed, pick
 
 # the fake serves more requests a second with more sequences at once: its capacity rises with max_num_seqs
 # runs of 200+ requests over 20 s: a run's attainment varies with the Poisson schedule it drew, and shorter runs
@@ -153,7 +153,7 @@ def test_one_rate_that_holds_for_one_and_fails_for_the_other_tells_them_apart():
     candidate and fails beyond doubt for the baseline, the candidate's capacity is at least that rate and the
     baseline's below it, so the candidate is cheaper at one price, though the bounds meet (as a two-type run
     on this machine saw at 41.1 req/s: 100% attainment against 0%)."""
-    from throttle_sweep.capacity.pick import cheaper_beyond_doubt
+    from throttle_sweep.sweep.goodput.pick import cheaper_beyond_doubt
 
     base = Costed("baseline", {}, Price(1.0, 1), Knee(9.6, None, 41.1, ()), 100.0, 0.9,
                   claim=Knee(9.6, 7.3, 41.1, ()))
@@ -168,8 +168,8 @@ def test_a_confirmation_that_kept_the_slo_at_every_rate_gives_at_least_its_highe
     the highest rate (an estimate, censored), with no interval, so it can win but claims no saving; the
     baseline, whose runs stayed below the target, has none (as CI saw on a loaded machine)."""
     from throttle_sweep.capacity.knee import fit_knee
-    from throttle_sweep.capacity.pick import cheaper_beyond_doubt
-    from throttle_sweep.capacity.sweep_report import confirmed_line
+    from throttle_sweep.sweep.goodput.pick import cheaper_beyond_doubt
+    from throttle_sweep.sweep.goodput.report import confirmed_line
 
     rates = ((98.0, 79), (181.0, 145), (333.0, 273))
     kept = Costed("trial 0", {}, Price(2.0, 1), fit_knee([(r, n, n) for r, n in rates for _ in range(2)], 0.9,
@@ -200,7 +200,7 @@ def test_the_claim_against_the_baseline_reads_one_sided_bounds_and_the_fleet_say
     """The claim needs the winner's lower capacity bound and the baseline's upper one: m one-sided errors over
     a family of m, each at alpha / m (the two-sided intervals shown err at alpha / 2m a side). The replicas to
     deploy are those the capacity's lower bound needs: the estimate itself keeps the SLO only just."""
-    from throttle_sweep.capacity.pick import cheaper_beyond_doubt
+    from throttle_sweep.sweep.goodput.pick import cheaper_beyond_doubt
 
     base = Costed("baseline", {}, Price(2.0, 1), Knee(5.0, 4.0, 6.2, ()), 100.0, 0.9, claim=Knee(5.0, 4.2, 5.8, ()))
     win = Costed("trial 1", {}, Price(2.0, 1), Knee(7.0, 6.0, 8.0, ()), 100.0, 0.9, claim=Knee(7.0, 6.1, 7.9, ()))

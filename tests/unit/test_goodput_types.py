@@ -13,15 +13,15 @@ from rich.console import Console
 
 from tests.helpers import GOODPUT_TYPED as TYPED
 from tests.helpers import compose_cfg
-from throttle_sweep.cluster import SlotShape, took_key
+from throttle_sweep.cluster.gpu_types import TypedSlot, check_room, check_types, cluster_types
+from throttle_sweep.cluster.pool import Job
+from throttle_sweep.cluster.ray_pool import SlotShape, took_key
+from throttle_sweep.cluster.ray_runtime import ClusterError
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands import goodput as goodput_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.gpu_types import TypedSlot, check_room, check_types, cluster_types
-from throttle_sweep.pool import Job
-from throttle_sweep.ray_runtime import ClusterError
-from throttle_sweep.records import read_records
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.store.records import read_records
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 
 from tests.helpers import compose_cfg
-from throttle_sweep.search.space import build_space, within_in_flight
 from throttle_sweep.settings.sections import arm_flags, plain, workload_from
+from throttle_sweep.sweep.space import build_space, within_in_flight
 
 VLLM_SERVED = {"max_num_seqs": (256, 1024), "max_num_batched_tokens": (2048, 8192, 16384)}  # A100, H100, B200
 
@@ -40,7 +40,7 @@ def test_the_embedded_cpu_default_keeps_the_published_baseline_of_one():
 
 
 def test_reports_name_the_baseline_and_say_which_flags_are_vllms_defaults():
-    from throttle_sweep.search.report import baseline_words
+    from throttle_sweep.sweep.report import baseline_words
 
     assert baseline_words({"max_num_seqs": 1}) == (
         "the baseline max_num_seqs=1 (max_num_batched_tokens: vLLM's default, as `vllm serve` resolves it)")

@@ -90,8 +90,8 @@ def test_engine_gpu_with_the_cpu_memory_space_is_refused_pointing_to_the_gpu_one
 
 
 def test_the_gpu_memory_space_straddles_vllms_defaults(monkeypatch):
-    from throttle_sweep.search.space import build_space
     from throttle_sweep.settings.sections import arm_flags, plain
+    from throttle_sweep.sweep.space import build_space
 
     monkeypatch.setattr(gpu_found, "no_gpu", lambda: None)
     cfg = compose_cfg("engine=gpu", "+space=gpu_memory")

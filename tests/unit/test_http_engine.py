@@ -12,15 +12,15 @@ import time
 import pytest
 
 from tests.stub_openai import Behaviour, StubServer
-from throttle_sweep.compare import fault_of, settle
-from throttle_sweep.cost import Price
 from throttle_sweep.engines.base import Request
 from throttle_sweep.engines.openai_http import HttpSession, StreamFailed, Tally, kv_gap, parse_metrics
 from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
 from throttle_sweep.engines.vllm_server import ServerSession, VllmServerEngine, server_argv
 from throttle_sweep.errors import EngineRunError
-from throttle_sweep.measure import client_bound, measure_on, one_line
-from throttle_sweep.workload import WorkloadSpec, drive
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import client_bound, measure_on, one_line
+from throttle_sweep.measurement.workload import WorkloadSpec, drive
+from throttle_sweep.stats.comparison import fault_of, settle
 
 
 def requests(n: int, output_len: int) -> list[Request]:

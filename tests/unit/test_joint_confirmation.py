@@ -19,18 +19,15 @@ from optuna.distributions import IntDistribution
 from rich.console import Console
 
 from tests.helpers import FakeOneSlot, compose_cfg
-from throttle_sweep.analysis import Analysis, analyse, analyse_joint, candidate_view, split_joint
 from throttle_sweep.commands import analyze as analyze_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.fitting import fit_joint
-from throttle_sweep.records import read_records
-from throttle_sweep.schedule import BASELINE, CANDIDATE, joint_schedule, make_schedule
-from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.winner import Confirmation, cheaper_than
-from throttle_sweep.stats import (
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.stats.analysis import Analysis, analyse, analyse_joint, candidate_view, split_joint
+from throttle_sweep.stats.fit import fit_joint
+from throttle_sweep.stats.schedule import BASELINE, CANDIDATE, joint_schedule, make_schedule
+from throttle_sweep.stats.verdict import (
     CHEAPER,
     PRICIER,
     Observation,
@@ -39,7 +36,10 @@ from throttle_sweep.stats import (
     estimate,
     lack_of_fit,
 )
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.driver import Sweep
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.winner import Confirmation, cheaper_than
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.unit.test_joint_confirmation import simulate_joint, view_estimate
-from throttle_sweep.analysis import analyse_joint
-from throttle_sweep.schedule import joint_schedule
-from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds
+from throttle_sweep.stats.analysis import analyse_joint
+from throttle_sweep.stats.schedule import joint_schedule
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER, Thresholds
 
 EDGE = Thresholds(equivalence_margin=0.0)  # A/A with no margin: the interval's one-sided miss (see test_stats)
 

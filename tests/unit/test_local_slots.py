@@ -13,11 +13,11 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import PoolBasics, compose_cfg, stage
+from throttle_sweep.cluster.pool import Job, LocalPool, local_slots
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.pool import Job, LocalPool, local_slots
-from throttle_sweep.records import read_records
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.store.records import read_records
 
 
 def test_two_slots_measure_at_the_same_time_and_return_to_the_caller():
@@ -178,8 +178,8 @@ class BothAtOnce(PoolBasics):
 
 
 def probe_driver(pool, written):
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     flags = {"max_model_len": 1024}
     return Sweep(study=optuna.create_study(), distributions={"max_num_seqs": optuna.distributions.IntDistribution(1, 8)},
@@ -190,8 +190,8 @@ def probe_driver(pool, written):
 def test_a_run_that_stops_on_one_record_of_a_batch_still_writes_the_others():
     """Two slots finish at once and acting on the first stops the run (a failed baseline, Ctrl-C): the second
     record was measured, so it is written too, and so is one another slot finished while the driver worked."""
-    from throttle_sweep.schedule import CANDIDATE
-    from throttle_sweep.search.runner import SweepStopped
+    from throttle_sweep.stats.schedule import CANDIDATE
+    from throttle_sweep.sweep.runner import SweepStopped
 
     written = []
     late = {"status": "ok", "comparison": "late", "position": 0, "slot": "s1"}
@@ -214,7 +214,7 @@ def test_a_ctrl_c_while_the_driver_writes_a_batch_loses_none_of_its_records(ctrl
     import os
     import signal
 
-    from throttle_sweep.schedule import CANDIDATE
+    from throttle_sweep.stats.schedule import CANDIDATE
 
     written = []
 
@@ -261,7 +261,7 @@ def test_records_that_wait_returned_stay_in_drain_until_the_driver_has_written_t
 def test_after_a_write_that_failed_nothing_more_is_appended():
     """A full disk fails a write mid-batch: the stop's drain must not append after it (the failed write may
     have left a torn line, and a retry of the same record could land after it or twice)."""
-    from throttle_sweep.schedule import CANDIDATE
+    from throttle_sweep.stats.schedule import CANDIDATE
 
     attempts = []
 
@@ -281,7 +281,7 @@ def test_after_a_write_that_failed_nothing_more_is_appended():
 def test_a_replicate_that_finishes_while_a_stopped_run_closes_its_slots_is_written(tmp_path, monkeypatch):
     """Ctrl-C: the run drains what is done, then closes the slots; a replicate may finish in between (its
     slot's thread was already waiting for it). The command writes it after closing, before it ends."""
-    from throttle_sweep.records import SCHEMA_VERSION
+    from throttle_sweep.store.records import SCHEMA_VERSION
 
     late = {"schema_version": SCHEMA_VERSION, "record_id": "late-1", "run_id": "stop", "arm": "baseline",
             "flags": {}, "position": 0, "status": "ok", "comparison": "c", "slot": "local-1"}

@@ -6,14 +6,14 @@ import pytest
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import measure as measure_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate, one_line
-from throttle_sweep.records import read_records
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate, one_line
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import read_records
 
 SPEC = WorkloadSpec(num_requests=32, prompt_len=32, output_len=64, concurrency=8)
 
@@ -49,7 +49,7 @@ def test_engine_that_fails_to_start_gives_a_failed_record():
 def test_a_run_whose_streams_gave_no_gaps_between_tokens_prints_its_line_without_them():
     """A server that sends each request's tokens in one or two chunks (vLLM coalesces them under load; seen in
     CI on the API server) leaves no inter-token gaps: no ITL and no TPOT, said as such, not a crash."""
-    from throttle_sweep.measure import p95_text, percentiles
+    from throttle_sweep.measurement.replicate import p95_text, percentiles
 
     record = measure({"max_num_seqs": 8})
     record["latency_s"] = {**record["latency_s"], "itl": percentiles([]), "tpot": percentiles([])}
@@ -128,7 +128,7 @@ def test_work_shorter_than_an_engine_start_says_nothing_since_the_judged_cost_le
     the defaults. Work too short for the timer to resolve does change it, and is named with what to raise."""
     from rich.console import Console
 
-    from throttle_sweep.measure import short_work_note
+    from throttle_sweep.measurement.replicate import short_work_note
 
     console = Console(record=True, width=400)
     cfg = compose_cfg("backend=fake", "run=short", "fake.start_s=5", "workload.num_requests=8", tmp_path=tmp_path)

@@ -14,11 +14,11 @@ from tests.helpers import compose_cfg
 from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import behind_schedule, measure_replicate
-from throttle_sweep.workload import WorkloadSpec, drive, make_requests
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import behind_schedule, measure_replicate
+from throttle_sweep.measurement.workload import WorkloadSpec, drive, make_requests
 
 WAVES = WorkloadSpec(num_requests=64, prompt_len=64, output_len=128, concurrency=64, warmup_requests=0)
 

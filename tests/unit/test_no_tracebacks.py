@@ -7,12 +7,12 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands import compare as compare_cmd
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.slot import WarmSlot
 
 
 @pytest.fixture(autouse=True)

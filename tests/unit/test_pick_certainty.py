@@ -17,9 +17,9 @@ from tests.helpers import compose_cfg
 from tests.unit.test_decisions import confirmation
 from tests.unit.test_joint_confirmation import confirmed, simulate_joint
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.schedule import joint_schedule
-from throttle_sweep.search.winner import how_sure
-from throttle_sweep.stats import CHEAPER, Observation, Thresholds, fit_joint
+from throttle_sweep.stats.schedule import joint_schedule
+from throttle_sweep.stats.verdict import CHEAPER, Observation, Thresholds, fit_joint
+from throttle_sweep.sweep.winner import how_sure
 
 
 def test_a_clear_gap_is_certain_and_two_equal_estimates_are_a_coin():
@@ -72,10 +72,10 @@ def test_the_sweep_says_how_sure_its_pick_is_and_keeps_it_with_the_winner(tmp_pa
 
 def separate_confirmations(ratios, sd, rng):
     """Each candidate confirmed alone against the baseline: abba x4 under +27% linear drift."""
-    from throttle_sweep.analysis import Analysis
-    from throttle_sweep.schedule import make_schedule
-    from throttle_sweep.search.winner import Confirmation
-    from throttle_sweep.stats import estimate
+    from throttle_sweep.stats.analysis import Analysis
+    from throttle_sweep.stats.schedule import make_schedule
+    from throttle_sweep.stats.verdict import estimate
+    from throttle_sweep.sweep.winner import Confirmation
 
     order, adjusted, out = make_schedule("abba", 4), Thresholds(alpha=0.05 / len(ratios)), []
     for n, ratio in enumerate(ratios):
@@ -89,8 +89,8 @@ def separate_confirmations(ratios, sd, rng):
 
 def joint_confirmations(ratios, sd, rng, lead):
     """All confirmed on one joint schedule (a warm-up run first), under the same drift."""
-    from throttle_sweep.analysis import analyse_joint
-    from throttle_sweep.search.winner import Confirmation
+    from throttle_sweep.stats.analysis import analyse_joint
+    from throttle_sweep.sweep.winner import Confirmation
 
     k = len(ratios)
     records = simulate_joint(joint_schedule(k, 4, lead=lead), list(ratios), rng=rng, noise_sd=sd)
@@ -108,7 +108,7 @@ def test_how_sure_is_not_far_surer_than_the_pick_turns_out_to_be(design, ratios,
     centred on the lowest estimate carry the winner's curse, so they can be too sure where a rival sits just
     beyond the margin (measured, 400 runs a cell: within-margin 0.92 quoted, 0.84 true; the cheapest 0.74
     quoted, 0.69 true); elsewhere they are too modest. Neither by more than 0.10 (plus 3 MC errors)."""
-    from throttle_sweep.search.winner import choose_winner
+    from throttle_sweep.sweep.winner import choose_winner
 
     rng = np.random.default_rng(21)
     quoted_best = quoted_within = true_best = true_within = runs = 0

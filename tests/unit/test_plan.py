@@ -7,9 +7,9 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.records import read_records
-from throttle_sweep.search.plan import project
-from throttle_sweep.search.trials import engine_seconds
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.plan import project
+from throttle_sweep.sweep.trials import engine_seconds
 
 
 def test_the_projection_counts_each_arm_at_its_own_run_time():
@@ -58,7 +58,7 @@ def test_the_wall_time_budget_starts_no_comparison_that_would_run_past_it(monkey
     """study.timeout_s stops the search before a comparison would end after it, not only once it is spent."""
     from types import SimpleNamespace
 
-    from throttle_sweep.search import budget
+    from throttle_sweep.sweep import budget
 
     plan = project(trials=4, replicates=4, warmup=False, confirm=0, confirm_replicates=4, joint=False, slots=1,
                    baseline_s=10.0, yardstick_s=5.0, candidate_s=5.0, usd_per_s=0.0)  # a comparison: 40 s
@@ -77,7 +77,7 @@ def test_the_budgets_keep_what_the_confirmation_needs():
     in wall time: a search that spends the whole budget leaves no answer to quote."""
     from types import SimpleNamespace
 
-    from throttle_sweep.search import budget
+    from throttle_sweep.sweep import budget
 
     plan = project(trials=4, replicates=4, warmup=False, confirm=2, confirm_replicates=4, joint=True, slots=1,
                    baseline_s=10.0, yardstick_s=5.0, candidate_s=5.0, usd_per_s=0.01)
@@ -122,7 +122,7 @@ def test_a_confirmation_started_with_its_budget_spent_runs_nothing_and_says_who_
     run), the confirmation starts no comparison that needs a run; the sweep says which trials stay unconfirmed."""
     from types import SimpleNamespace
 
-    from throttle_sweep.search.confirm import Confirm
+    from throttle_sweep.sweep.confirm import Confirm
 
     said: list[str] = []
     settings = SimpleNamespace(timeout_s=None, budget_usd=0.01, usd_per_gpu_hour=36.0, shared_baseline=False,

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.unit.test_stats import perturbed, simulate
-from throttle_sweep.schedule import make_schedule
-from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds, estimate, pooled_prior
+from throttle_sweep.stats.schedule import make_schedule
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER, Thresholds, estimate, pooled_prior
 
 ORDER = make_schedule("abba", 4)
 
@@ -134,7 +134,7 @@ def test_a_sweep_pools_its_search_comparisons_noise_and_quotes_confirmation_on_i
 
     from tests.helpers import compose_cfg
     from throttle_sweep.commands import sweep as sweep_cmd
-    from throttle_sweep.search.trials import measured
+    from throttle_sweep.sweep.trials import measured
 
     args = ["backend=fake", "+space=batching", "space.max_num_seqs.low=2", "space.max_num_seqs.high=16",
             "~space.max_num_batched_tokens", "space.max_num_seqs.log=false", "study.sampler=grid", "study.n_trials=8", "study.boundary=none",

@@ -12,14 +12,14 @@ import pytest
 from optuna.distributions import IntDistribution
 
 from tests.helpers import FakeOneSlot
-from throttle_sweep.search.boundary import NOISY_REPEATS, describe
-from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.events import Unseen
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.probes import PROBE_WAVES
-from throttle_sweep.search.runner import SweepStopped
-from throttle_sweep.search.trials import engine_seconds
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.sweep.boundary import NOISY_REPEATS, describe
+from throttle_sweep.sweep.driver import Sweep
+from throttle_sweep.sweep.events import Unseen
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.probes import PROBE_WAVES
+from throttle_sweep.sweep.runner import SweepStopped
+from throttle_sweep.sweep.trials import engine_seconds
 
 SPEC = WorkloadSpec(num_requests=2048, prompt_len=16, output_len=48, concurrency=2048, warmup_requests=0)
 JITTER_SEED = 0  # the fake's jitter draws (seeds 0-2 show the noise at this work; 3 happens not to)
@@ -155,7 +155,7 @@ def test_where_every_value_fits_but_another_knob_may_move_the_kv_capacity_one_pr
 def test_the_plan_after_the_probes_counts_each_run_at_the_whole_works_length():
     """A probe runs two waves of its batch, not the work a comparison runs: the plan scales each probe's measured
     time to the whole work, so that the search's runs are not projected as short as the probes."""
-    from throttle_sweep.search.budget import projected
+    from throttle_sweep.sweep.budget import projected
 
     sweep, records, notes = gpu_range_sweep(2400)
     sweep.find_boundaries()
@@ -171,7 +171,7 @@ def test_the_plan_after_the_probes_counts_each_run_at_the_whole_works_length():
 
 def test_the_gpu_time_before_the_plan_is_the_calibration_and_the_baselines_run():
     """What a twin sweep reports as spent before the plan: the plan is said once the baseline's probe is in."""
-    from throttle_sweep.search.gpu_time import gpu_time
+    from throttle_sweep.sweep.gpu_time import gpu_time
 
     def run(stage, arm, seconds, engine):
         return {"stage": stage, "arm": arm, "wall_s": seconds, "engine_lifetime": {"id": engine, "start_s": 10.0}}

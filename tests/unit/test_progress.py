@@ -8,7 +8,7 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.progress import LiveProgress, Progress, progress_for
+from throttle_sweep.report.progress import LiveProgress, Progress, progress_for
 
 SWEEP = ["backend=fake", "+space=batching", "~space.max_num_batched_tokens", "space.max_num_seqs.high=8",
          "study.n_trials=3", "study.sampler=grid", "compare.replicates=2", "study.confirm_top=1",
@@ -95,7 +95,7 @@ def test_the_total_follows_what_runs_and_ends_at_the_count(tmp_path, monkeypatch
 
 def test_a_confirmation_started_again_from_scratch_says_so():
     from tests.unit.test_joint_confirmation import OneSlot, confirming, new_study
-    from throttle_sweep.search import driver
+    from throttle_sweep.sweep import driver
 
     study, records = new_study(), []
     with pytest.raises(KeyboardInterrupt):

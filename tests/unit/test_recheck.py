@@ -146,8 +146,8 @@ def test_the_driver_version_is_read_through_nvml_and_is_none_without_a_driver():
 
 def test_an_interrupted_recheck_exits_130_keeping_its_replicates_and_runs_again_under_its_name(tmp_path,
                                                                                               monkeypatch):
-    from throttle_sweep.records import read_records
-    from throttle_sweep.slot import WarmSlot
+    from throttle_sweep.cluster.slot import WarmSlot
+    from throttle_sweep.store.records import read_records
 
     out = fake_study(tmp_path)
     real_measure, calls = WarmSlot.measure, []

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from throttle_sweep.cost import Price, usd_per_mtok
 from throttle_sweep.errors import ConfigError, RecordError
-from throttle_sweep.records import SCHEMA_VERSION, RecordLog, append_record, read_records
+from throttle_sweep.measurement.cost import Price, usd_per_mtok
+from throttle_sweep.store.records import SCHEMA_VERSION, RecordLog, append_record, read_records
 
 
 def rec(i, **extra):

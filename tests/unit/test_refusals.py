@@ -12,14 +12,14 @@ from rich.console import Console
 from tests.helpers import FakeOneSlot, compose_cfg
 from throttle_sweep.commands import measure as measure_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.errors import ConfigError, EngineStartError
-from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.report import lines
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.sweep.driver import Sweep
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.report import lines
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=8, concurrency=8, warmup_requests=0)
 SPACE = {"max_num_seqs": IntDistribution(1, 2048, log=True),
@@ -112,7 +112,7 @@ def test_the_sweep_command_asks_its_engine_and_its_report_names_the_refusal(tmp_
 
 
 def test_a_knob_of_thousands_of_values_is_asked_at_samples_and_bisected_to_each_edge_exactly():
-    from throttle_sweep.search.refusals import SAMPLES, sampled_reasons
+    from throttle_sweep.sweep.refusals import SAMPLES, sampled_reasons
 
     values = list(range(1, 2049))
     asked = []

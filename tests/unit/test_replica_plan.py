@@ -1,7 +1,7 @@
 """mode=plan (#48 item 2): the replicas a day of demand needs, read from a finished capacity study or goodput
 sweep: the arithmetic, the interval's lower bound (sure) and censored capacities, GPU types, and bad input
 refused by name. The studies' summary.json files are written by the code that writes them in a real study
-(capacity/report.summary, sweep_report.costed_summary), so their keys are the real ones."""
+(capacity/report.summary, sweep/goodput/report.costed_summary), so their keys are the real ones."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
-from throttle_sweep.capacity.day_plan import plan_day, totals
-from throttle_sweep.capacity.demand import Bucket, read_demand
 from throttle_sweep.capacity.knee import Knee
-from throttle_sweep.capacity.pick import Costed
+from throttle_sweep.capacity.rates import ALWAYS_MET, FOUND
 from throttle_sweep.capacity.report import summary as capacity_summary
-from throttle_sweep.capacity.search import ALWAYS_MET, FOUND
 from throttle_sweep.capacity.slo import Slo
-from throttle_sweep.capacity.studied import Served
-from throttle_sweep.capacity.sweep_report import costed_summary
 from throttle_sweep.commands import plan as plan_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.replica_plan.day import plan_day, totals
+from throttle_sweep.replica_plan.demand import Bucket, read_demand
+from throttle_sweep.replica_plan.studied import Served
+from throttle_sweep.sweep.goodput.pick import Costed
+from throttle_sweep.sweep.goodput.report import costed_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 SLO = Slo(0.5, 0.1, 0.9)
@@ -52,7 +52,7 @@ def costed(label: str, rate: float | None, low: float | None, high: float | None
 
 def goodput_study(folder: Path, winner: Costed | None, *, cheapest: Costed | None = None,
                   types: dict[str, Costed] | None = None) -> Path:
-    """A goodput sweep's summary.json as sweep_report.answer writes it (the parts mode=plan reads)."""
+    """A goodput sweep's summary.json as sweep/goodput/report.answer writes it (the parts mode=plan reads)."""
     entries = [c for c in (winner, cheapest, *(types or {}).values()) if c is not None]
     summary: dict = {"slo": vars(SLO), "target_rps": 50.0, "price": "at an assumed $1.39/GPU-hour x 1 GPU",
                      "screen": [], "confirmed": [costed_summary(c, 50.0) for c in entries],

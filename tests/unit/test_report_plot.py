@@ -12,8 +12,8 @@ from rich.console import Console
 
 from tests.helpers import compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.records import read_records
-from throttle_sweep.search import picture
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep import picture
 
 KV = 48 * 16 * 1024  # the fake: 48 blocks of 16 tokens; 32 requests of 16+48 tokens preempt above 12 at once
 WORK = ["workload.num_requests=32", "workload.prompt_len=16", "workload.output_len=48", "workload.concurrency=32",
@@ -75,7 +75,7 @@ def test_the_cost_picture_shows_every_run_the_boundary_line_the_baseline_and_the
 
 
 def test_a_categorical_flag_is_placed_by_name_and_a_run_without_a_steady_window_is_left_out():
-    from throttle_sweep.search.picture import runs_along
+    from throttle_sweep.sweep.picture import runs_along
 
     records = [{"status": "ok", "usd_per_mtok": 1.0, "steady": {"usd_per_mtok": 0.9}, "preemptions": 0,
                 "flags": {"enable_prefix_caching": True}},

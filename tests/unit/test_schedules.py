@@ -10,12 +10,12 @@ from rich.console import Console
 
 from tests.helpers import PoolBasics, compose_cfg
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
-from throttle_sweep.measure import measure_replicate
-from throttle_sweep.records import read_records
-from throttle_sweep.search.schedules import ScheduleIndex, differs_in_scheduling_only
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.schedules import ScheduleIndex, differs_in_scheduling_only
 
 KV = 48 * 16 * 1024
 FLAGS = {"kv_cache_memory_bytes": KV, "block_size": 16, "max_model_len": 1024}
@@ -130,9 +130,9 @@ def test_a_budget_that_binds_is_another_configuration(tmp_path):
 
 
 def test_repeated_proposals_are_one_line_of_the_table_not_one_each(tmp_path):
-    from throttle_sweep.cost import Price
-    from throttle_sweep.search.driver import SweepResult
-    from throttle_sweep.search.report import lines
+    from throttle_sweep.measurement.cost import Price
+    from throttle_sweep.sweep.driver import SweepResult
+    from throttle_sweep.sweep.report import lines
 
     study = optuna.create_study()
     dist = {"max_num_seqs": optuna.distributions.IntDistribution(1, 8)}
@@ -152,7 +152,7 @@ def test_a_chunking_the_outputs_do_not_show_is_another_schedule():
     the first step, 1500 does not; which requests get tokens when is the same, the work per step is not
     (found by review: the output pattern alone could not tell them apart)."""
     from throttle_sweep.engines.base import Request
-    from throttle_sweep.workload import drive
+    from throttle_sweep.measurement.workload import drive
 
     def trace(budget):
         session = FakeEngine(FakeKnobs()).start({"max_num_seqs": 8, "max_num_batched_tokens": budget,
@@ -236,7 +236,7 @@ class FaultyTwoSlots(TwoSlots):
         self.every, self.search_jobs = every, 0
 
     def wait(self):
-        from throttle_sweep.measure import failed_record, record_header
+        from throttle_sweep.measurement.replicate import failed_record, record_header
 
         job = self.queue[0]
         if job.context.get("stage") == "search":
@@ -271,7 +271,7 @@ class FirstRunLost(TwoSlots):
     slots = [0]  # noqa: RUF012 - one fixed slot
 
     def wait(self):
-        from throttle_sweep.measure import failed_record, record_header
+        from throttle_sweep.measurement.replicate import failed_record, record_header
 
         job = self.queue[0]
         if job.context.get("stage") == "search" and job.position == 0 and "~" not in job.context["key"]:

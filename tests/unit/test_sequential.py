@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests.unit.test_stats import MC_SLACK, N_SIM, PERTURBATIONS, perturbed
-from throttle_sweep.schedule import make_schedule, with_warmup
-from throttle_sweep.search.sequential import look_ends, per_look, search_stop
-from throttle_sweep.stats import CHEAPER, PRICIER, Thresholds, estimate
+from throttle_sweep.stats.schedule import make_schedule, with_warmup
+from throttle_sweep.stats.verdict import CHEAPER, PRICIER, Thresholds, estimate
+from throttle_sweep.sweep.sequential import look_ends, per_look, search_stop
 
 
 def sequential_run(order_size: int, ratio: float, kind: str, *, rng, lead: str, noise=(0.01, 0.03), every: int = 2,
@@ -93,7 +93,7 @@ def test_against_the_reference_an_undecided_rank_stops_for_futility_and_a_clear_
     eligible: a comparison whose verdict is still open stops once its rank against the best could not be
     decided by the planned end (confirmation ranks it); against the baseline the same look goes on, since only
     more runs can show the saving that eligibility needs. A futility stop makes no claim."""
-    from throttle_sweep.search.sequential import Stored
+    from throttle_sweep.sweep.sequential import Stored
 
     reference, near = Stored(1.0, 0.0, 1), Stored(0.99, 0.05, 3)
     why = search_stop("INCONCLUSIVE", near, reference, 0.025, shrink=math.sqrt(0.5), needs_saving=False)
@@ -119,10 +119,10 @@ def test_a_comparison_restarted_after_an_undecided_look_does_not_spend_that_look
     add up to the planned two."""
     import optuna
 
-    from throttle_sweep.compare import comparison_id
-    from throttle_sweep.schedule import BASELINE
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.stats.comparison import comparison_id
+    from throttle_sweep.stats.schedule import BASELINE
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     settings = SweepSettings(n_trials=1, replicates=4, confirm_top=1, confirm_replicates=4)
     baseline, candidate = {"max_num_seqs": 1}, {"max_num_seqs": 4}
@@ -152,7 +152,7 @@ def test_a_drop_against_the_best_so_far_accounts_for_its_selection(rivals):
     often than alpha/2 (the review: the true best reached confirmation in 84.6% of a 20-candidate search).
     Against the lowest of k, the drop is tested at alpha / k: a union bound over the candidates it was chosen
     from, so the chance of dropping a candidate as cheap as all of them stays at most alpha/2."""
-    from throttle_sweep.search.sequential import Stored
+    from throttle_sweep.sweep.sequential import Stored
 
     rng = np.random.default_rng(7)
     alpha, df, sd, n = 0.05, 5, 0.02, 4000
@@ -173,7 +173,7 @@ def test_a_drop_against_the_best_so_far_accounts_for_its_selection(rivals):
 def test_a_best_so_far_known_exactly_needs_no_selection_correction():
     """The search's reference is the yardstick itself (ratio 1, no standard error): when it is the best so far,
     it was not selected for a low estimate, so a candidate's drop against it is its own test at alpha."""
-    from throttle_sweep.search.sequential import Stored
+    from throttle_sweep.sweep.sequential import Stored
 
     reference, pricier = Stored(1.0, 0.0, 1), Stored(1.05, 0.01, 5)  # 4.9% above it, 2.6 sds at 5 df
     assert search_stop("INCONCLUSIVE", pricier, reference, 0.05, rivals=20) == \

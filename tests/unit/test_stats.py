@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.schedule import make_schedule, with_warmup
-from throttle_sweep.stats import (
+from throttle_sweep.stats.schedule import make_schedule, with_warmup
+from throttle_sweep.stats.verdict import (
     CHEAPER,
     INCONCLUSIVE,
     NO_DIFFERENCE,

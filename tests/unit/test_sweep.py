@@ -12,12 +12,12 @@ from rich.console import Console
 from tests.helpers import PoolBasics, compose_cfg
 from throttle_sweep.commands import export as export_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import measure_replicate
-from throttle_sweep.records import read_records
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 KV = 48 * 16 * 1024  # 48 blocks of 16 tokens: the fake preempts once ~12 sequences of 64 tokens run at once
@@ -143,8 +143,8 @@ WHOLE = 2 + 2  # replicates of one comparison: 2 per arm (each engine warms itse
 ])
 def test_every_shipped_config_composes_and_passes_its_checks(overrides):
     from throttle_sweep.engines.fake import FAKE_FLAG_SCHEMA
-    from throttle_sweep.search.space import build_space
     from throttle_sweep.settings.sections import plain, price_from, workload_from
+    from throttle_sweep.sweep.space import build_space
 
     cfg = compose_cfg(*overrides)
     price_from(cfg)
@@ -158,9 +158,9 @@ def pareto_of(points):
     from optuna.distributions import IntDistribution
     from optuna.trial import create_trial
 
-    from throttle_sweep.pool import LocalPool
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.cluster.pool import LocalPool
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     for i, (ratio, latency, ok) in enumerate(points):
@@ -258,7 +258,7 @@ class LosingPool(PoolBasics):
     infrastructure failure), after which slot 1 is retired, or every slot if `lose_all`."""
 
     def __init__(self, lose_at: int, lose_all: bool = False) -> None:
-        from throttle_sweep.measure import failed_record, record_header
+        from throttle_sweep.measurement.replicate import failed_record, record_header
 
         self.engine, self.spec = FakeEngine(FakeKnobs()), WorkloadSpec(num_requests=8, prompt_len=16, output_len=16,
                                                                       concurrency=8, warmup_requests=0)
@@ -287,8 +287,8 @@ class LosingPool(PoolBasics):
 
 
 def losing_sweep(pool):
-    from throttle_sweep.search.driver import Sweep
-    from throttle_sweep.search.options import SweepSettings
+    from throttle_sweep.sweep.driver import Sweep
+    from throttle_sweep.sweep.options import SweepSettings
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for n in (2, 3, 4, 5):
@@ -317,7 +317,7 @@ def test_a_comparison_whose_slot_is_lost_starts_again_on_a_live_slot_and_nothing
 
 
 def test_losing_every_slot_stops_the_sweep_with_everything_measured_kept():
-    from throttle_sweep.search.runner import NoSlotsLeft
+    from throttle_sweep.sweep.runner import NoSlotsLeft
 
     sweep, written = losing_sweep(LosingPool(lose_at=2, lose_all=True))
     with pytest.raises(NoSlotsLeft, match="run the same command again"):
@@ -365,7 +365,7 @@ def test_a_max_num_seqs_range_wholly_above_the_work_in_flight_is_refused_before_
 def test_a_single_max_num_seqs_value_is_left_as_it_is_whatever_the_work_in_flight():
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    from throttle_sweep.search.space import within_in_flight
+    from throttle_sweep.sweep.space import within_in_flight
 
     for dist in (CategoricalDistribution([32]), IntDistribution(32, 32)):
         assert within_in_flight({"max_num_seqs": dist}, 8, source="s") == ({"max_num_seqs": dist}, None)

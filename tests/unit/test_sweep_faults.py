@@ -13,14 +13,14 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
 from tests.helpers import PoolBasics
-from throttle_sweep.compare import MAX_ATTEMPTS, settle
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import FakeEngine, FakeKnobs
-from throttle_sweep.measure import measure_replicate, record_header
-from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.runner import BaselineFails
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.replicate import measure_replicate, record_header
+from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.stats.comparison import MAX_ATTEMPTS, settle
+from throttle_sweep.sweep.driver import Sweep
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.runner import BaselineFails
 
 SPEC = WorkloadSpec(num_requests=8, prompt_len=16, output_len=16, concurrency=8, warmup_requests=0)
 BASE = {"max_model_len": 1024}

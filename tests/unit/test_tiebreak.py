@@ -17,9 +17,9 @@ from tests.helpers import compose_cfg
 from tests.unit.test_pick_certainty import joint_confirmations
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.schedule import joint_arm, tiebreak_schedule
-from throttle_sweep.search.winner import choose_winner, how_sure
-from throttle_sweep.stats import Observation, fit_joint
+from throttle_sweep.stats.schedule import joint_arm, tiebreak_schedule
+from throttle_sweep.stats.verdict import Observation, fit_joint
+from throttle_sweep.sweep.winner import choose_winner, how_sure
 
 
 def test_a_tiebreak_schedule_runs_the_candidates_alone_in_mirrored_blocks():

@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import compose_cfg
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.workload import WorkloadSpec, drive, make_requests
+from throttle_sweep.measurement.workload import WorkloadSpec, drive, make_requests
 
 
 def mooncake(tmp_path, rows, name="t.jsonl"):
@@ -162,7 +162,7 @@ def test_capacity_searches_the_traces_speed_up_and_says_how_many_times_faster_it
     from rich.console import Console
 
     from throttle_sweep.commands import capacity as capacity_cmd
-    from throttle_sweep.records import read_records
+    from throttle_sweep.store.records import read_records
 
     times = [round(i * 200 + 150 * (i % 3 == 0)) for i in range(120)]  # 5 req/s on average, some pairs close
     path = mooncake(tmp_path, [row(ms, 24, 8, [0, 1]) for ms in times])

@@ -6,7 +6,7 @@ import pytest
 
 from throttle_sweep.engines import FakeEngine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.workload import WorkloadSpec, drive, make_requests
+from throttle_sweep.measurement.workload import WorkloadSpec, drive, make_requests
 
 
 def test_requests_are_identical_across_calls_and_differ_by_seed():
@@ -192,7 +192,7 @@ def test_open_loop_arrivals_are_one_sequence_of_draws_scaled_by_the_rate_whateve
     one smooth curve, not a new schedule at every rate."""
     from dataclasses import replace
 
-    from throttle_sweep.workload import WorkloadSpec, make_requests
+    from throttle_sweep.measurement.workload import WorkloadSpec, make_requests
 
     slow = make_requests(WorkloadSpec(num_requests=20, loop="open", rate=2.0, seed=3))
     fast = make_requests(WorkloadSpec(num_requests=40, loop="open", rate=4.0, seed=3))

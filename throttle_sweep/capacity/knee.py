@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from throttle_sweep.stats import t_quantile
+from throttle_sweep.stats.verdict import t_quantile
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from throttle_sweep.capacity.knee import Knee
-from throttle_sweep.capacity.search import ALWAYS_MET, NEVER_MET, RateSearch
+from throttle_sweep.capacity.rates import ALWAYS_MET, NEVER_MET, RateSearch
 from throttle_sweep.capacity.slo import Slo
-from throttle_sweep.cost import Price, usd_per_mtok_at
+from throttle_sweep.measurement.cost import Price, usd_per_mtok_at
 
 
 def per_request_tokens(records: Sequence[Mapping[str, Any]]) -> float:

@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from throttle_sweep.capacity.steady import counted, undecided
-from throttle_sweep.measure import BEHIND_S, p95_text
-from throttle_sweep.records import RecordLog
+from throttle_sweep.cluster.signals import deferred
+from throttle_sweep.cluster.slot import WarmSlot
+from throttle_sweep.measurement.replicate import BEHIND_S, p95_text
 from throttle_sweep.settings.capacity import CapacitySettings
-from throttle_sweep.signals import deferred
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.store.records import RecordLog
 
 MAX_VOID = 3  # runs at one rate that fell behind their schedule, in a row: the client cannot offer that rate
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from throttle_sweep.capacity.slo import Slo
-from throttle_sweep.stats import t_quantile
+from throttle_sweep.stats.verdict import t_quantile
 
 BATCH = 5  # MSER-5's batch of requests
 CAP = 2.0  # latency over its limit, capped here

@@ -11,12 +11,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import analyse, analyse_joint, check_positions, load_input
-from throttle_sweep.cost import Price
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.inventory import CALIBRATION, CAPACITY, COMPARISON, GOODPUT, MEASURE, PROBE, Entry, inventory
-from throttle_sweep.report import lines, write
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.report.comparison import lines, write
 from throttle_sweep.settings.analyze import load_analyze
+from throttle_sweep.stats.analysis import analyse, analyse_joint, check_positions, load_input
+from throttle_sweep.store.inventory import CALIBRATION, CAPACITY, COMPARISON, GOODPUT, MEASURE, PROBE, Entry, inventory
 
 
 def run(cfg: DictConfig, console: Console) -> int:

@@ -11,17 +11,17 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from throttle_sweep.capacity.knee import Knee, fit_knee
+from throttle_sweep.capacity.rates import FOUND, RateSearch
 from throttle_sweep.capacity.report import plot, sentences, summary
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line, usable
-from throttle_sweep.capacity.search import FOUND, RateSearch
 from throttle_sweep.capacity.steady import counted, summary_of
+from throttle_sweep.cluster.signals import shielded, stop_on_sigterm
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.provenance import claim_run_folder
-from throttle_sweep.records import RecordLog
-from throttle_sweep.runlock import hold
 from throttle_sweep.settings.capacity import CapacitySettings, load_capacity
-from throttle_sweep.signals import shielded, stop_on_sigterm
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.store.lock import hold
+from throttle_sweep.store.provenance import claim_run_folder
+from throttle_sweep.store.records import RecordLog
 
 STAGE = "capacity"
 

@@ -10,19 +10,19 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep import calibration
-from throttle_sweep.analysis import Analysis, analyse, arm_labels
-from throttle_sweep.compare import comparison_id, measured_positions, run_schedule
-from throttle_sweep.measure import closing_notes
-from throttle_sweep.progress import progress_for
-from throttle_sweep.provenance import claim_run_folder
-from throttle_sweep.records import RecordLog
-from throttle_sweep.report import lines, write
-from throttle_sweep.runlock import hold
-from throttle_sweep.schedule import BASELINE, CANDIDATE
+from throttle_sweep.cluster.signals import deferred, shielded, stop_on_sigterm
+from throttle_sweep.cluster.slot import WarmSlot
+from throttle_sweep.measurement import calibration
+from throttle_sweep.measurement.replicate import closing_notes
+from throttle_sweep.report.comparison import lines, write
+from throttle_sweep.report.progress import progress_for
 from throttle_sweep.settings.compare import CompareRun, load_compare
-from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.stats.analysis import Analysis, analyse, arm_labels
+from throttle_sweep.stats.comparison import comparison_id, measured_positions, run_schedule
+from throttle_sweep.stats.schedule import BASELINE, CANDIDATE
+from throttle_sweep.store.lock import hold
+from throttle_sweep.store.provenance import claim_run_folder
+from throttle_sweep.store.records import RecordLog
 
 
 def run(cfg: DictConfig, console: Console) -> int:

@@ -20,12 +20,12 @@ from rich.console import Console
 
 from throttle_sweep.engines import make_engine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.provenance import conflicts, overrides_for, refuse_conflicts
-from throttle_sweep.records import read_records
-from throttle_sweep.runlock import hold
-from throttle_sweep.search.export import export_best
 from throttle_sweep.settings.export import ExportRun, load_export
 from throttle_sweep.settings.sections import arm_flags
+from throttle_sweep.store.lock import hold
+from throttle_sweep.store.provenance import conflicts, overrides_for, refuse_conflicts
+from throttle_sweep.store.records import read_records
+from throttle_sweep.sweep.export import export_best
 
 
 def recorded_measurement(study: optuna.Study, out: Path) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """A goodput sweep (`+space=NAME study.objective=goodput slo.p95_ttft_s=...`): the flags that keep a latency SLO
-at the lowest cost per million output tokens, and the replicas `workload.target_rps` needs (capacity/sweep.py).
+at the lowest cost per million output tokens, and the replicas `workload.target_rps` needs (sweep/goodput/driver.py).
 Settings are checked in settings/goodput.py before any engine starts."""
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
-from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
-from throttle_sweep.capacity.sweep_plot import plot
-from throttle_sweep.capacity.sweep_report import answer, costed_of, fmt_params
+from throttle_sweep.cluster.gpu_types import make_typed_slots
+from throttle_sweep.cluster.ray_runtime import ClusterError
+from throttle_sweep.cluster.signals import shielded, stop_on_sigterm
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands.export import move_aside
-from throttle_sweep.gpu_types import make_typed_slots
-from throttle_sweep.provenance import claim_run_folder, overrides_for
-from throttle_sweep.ray_runtime import ClusterError
-from throttle_sweep.records import RecordLog
-from throttle_sweep.runlock import hold
-from throttle_sweep.search.export import export_best
 from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput, without_type
 from throttle_sweep.settings.sweep import space_extremes
-from throttle_sweep.signals import shielded, stop_on_sigterm
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.store.lock import hold
+from throttle_sweep.store.provenance import claim_run_folder, overrides_for
+from throttle_sweep.store.records import RecordLog
+from throttle_sweep.sweep.export import export_best
+from throttle_sweep.sweep.goodput.driver import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
+from throttle_sweep.sweep.goodput.plot import plot
+from throttle_sweep.sweep.goodput.report import answer, costed_of, fmt_params
 
 SLOT_RETRIES = 2  # a run lost to its slot (a node died, a deadline passed) runs again this often, then the sweep stops
 
@@ -97,7 +97,7 @@ def run(cfg: DictConfig, console: Console) -> int:
 
 def open_slots(r: GoodputRun, say: Any) -> tuple[dict[str | None, Any], Any]:
     """{GPU type: its slot} and the function that ends them: one Ray slot per type priced in cost.prices
-    (gpu_types.py), else one local slot (type None)."""
+    (cluster/gpu_types.py), else one local slot (type None)."""
     if r.prices is None:
         slot = WarmSlot(r.engine, r.capacity.spec, r.price, run_id=r.out.name, **r.warm)
         return {None: slot}, slot.close

@@ -7,10 +7,7 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep.measure import closing_notes, measure_replicate, one_line
-from throttle_sweep.provenance import claim_run_folder
-from throttle_sweep.records import RecordLog
-from throttle_sweep.runlock import hold
+from throttle_sweep.measurement.replicate import closing_notes, measure_replicate, one_line
 from throttle_sweep.settings.notes import concurrency_note, kv_size_note
 from throttle_sweep.settings.sections import (
     engine_from,
@@ -20,6 +17,9 @@ from throttle_sweep.settings.sections import (
     single_arm,
     workload_from,
 )
+from throttle_sweep.store.lock import hold
+from throttle_sweep.store.provenance import claim_run_folder
+from throttle_sweep.store.records import RecordLog
 
 
 def run(cfg: DictConfig, console: Console) -> int:

@@ -1,5 +1,5 @@
 """mode=plan study.name=NAME plan.demand=PATH: the replicas, GPU-hours and dollars a day of demand needs, from
-a finished capacity study or goodput sweep (capacity/day_plan.py). It measures nothing: it reads the study, and
+a finished capacity study or goodput sweep (replica_plan/day.py). It measures nothing: it reads the study, and
 writes plan.json and plan.png beside it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from functools import partial
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.capacity.day_plan import plan_day, plan_json, totals
-from throttle_sweep.capacity.plan_report import capacity_notes, day_lines, plot, table, type_lines
+from throttle_sweep.replica_plan.day import plan_day, plan_json, totals
+from throttle_sweep.replica_plan.report import capacity_notes, day_lines, plot, table, type_lines
 from throttle_sweep.settings.plan import load_plan
 
 

@@ -13,11 +13,11 @@ from typing import Any
 from omegaconf import DictConfig
 from rich.console import Console
 
-from throttle_sweep.analysis import Analysis
 from throttle_sweep.commands.compare import measure_comparison
-from throttle_sweep.schedule import BASELINE
 from throttle_sweep.settings.recheck import RecheckRun, load_recheck
-from throttle_sweep.stats import CHEAPER
+from throttle_sweep.stats.analysis import Analysis
+from throttle_sweep.stats.schedule import BASELINE
+from throttle_sweep.stats.verdict import CHEAPER
 
 VERSIONS = (("vLLM", "vllm_version"), ("torch", "torch_version"), ("driver", "driver_version"),
             ("device", "device"))

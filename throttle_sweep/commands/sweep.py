@@ -15,28 +15,28 @@ from omegaconf import DictConfig
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
-from throttle_sweep import calibration
+from throttle_sweep.cluster.pool import Job, LocalPool
+from throttle_sweep.cluster.signals import deferred, shielded, stop_on_sigterm
+from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
-from throttle_sweep.compare import MAX_ATTEMPTS
 from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.measure import closing_notes
-from throttle_sweep.pool import Job, LocalPool
-from throttle_sweep.progress import Progress, progress_for
-from throttle_sweep.provenance import claim_run_folder, differences, has_records, refuse_conflicts
-from throttle_sweep.records import RecordLog
-from throttle_sweep.runlock import hold
-from throttle_sweep.schedule import BASELINE
-from throttle_sweep.search.driver import Sweep
-from throttle_sweep.search.gpu_time import gpu_time
-from throttle_sweep.search.report import baseline_words, lines, no_answer, write_report
-from throttle_sweep.search.runner import BaselineFails, SweepStopped
-from throttle_sweep.search.trials import resume_key, same_yardstick
+from throttle_sweep.measurement import calibration
+from throttle_sweep.measurement.replicate import closing_notes
+from throttle_sweep.report.progress import Progress, progress_for
 from throttle_sweep.settings.goodput import objective_of
 from throttle_sweep.settings.sections import arm_flags
 from throttle_sweep.settings.sweep import SweepRun, load_sweep, space_extremes
-from throttle_sweep.signals import deferred, shielded, stop_on_sigterm
-from throttle_sweep.slot import WarmSlot
+from throttle_sweep.stats.comparison import MAX_ATTEMPTS
+from throttle_sweep.stats.schedule import BASELINE
+from throttle_sweep.store.lock import hold
+from throttle_sweep.store.provenance import claim_run_folder, differences, has_records, refuse_conflicts
+from throttle_sweep.store.records import RecordLog
+from throttle_sweep.sweep.driver import Sweep
+from throttle_sweep.sweep.gpu_time import gpu_time
+from throttle_sweep.sweep.report import baseline_words, lines, no_answer, write_report
+from throttle_sweep.sweep.runner import BaselineFails, SweepStopped
+from throttle_sweep.sweep.trials import resume_key, same_yardstick
 
 
 def make_sampler(run: SweepRun, parallel: bool, offset: int = 0) -> optuna.samplers.BaseSampler:
@@ -45,7 +45,7 @@ def make_sampler(run: SweepRun, parallel: bool, offset: int = 0) -> optuna.sampl
         seed = int(np.random.SeedSequence([seed, offset]).generate_state(1)[0])
     if run.sampler == "tpe":
         startup = max(3, min(10, run.settings.n_trials // 3))
-        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (search/trials.py)
+        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (sweep/trials.py)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=parallel)
     if run.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed)
@@ -53,7 +53,7 @@ def make_sampler(run: SweepRun, parallel: bool, offset: int = 0) -> optuna.sampl
 
 
 def run(cfg: DictConfig, console: Console) -> int:
-    if objective_of(cfg) == "goodput":  # the production question: capacity within an SLO (capacity/sweep.py)
+    if objective_of(cfg) == "goodput":  # the production question: capacity within an SLO (sweep/goodput/driver.py)
         from throttle_sweep.commands import goodput
 
         return goodput.run(cfg, console)
@@ -227,7 +227,7 @@ def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: An
                      else "") + f"{baseline_words(baseline)}, flags {baseline}; study {run.storage}")
     if previous:
         console.print(f"resuming: {previous} trials and {len(log.records)} replicates already in the study")
-    progress = progress_for(console, 0)  # the driver plans its runs as it goes (search/events.py)
+    progress = progress_for(console, 0)  # the driver plans its runs as it goes (sweep/events.py)
     sweep = Sweep(study=study, distributions=distributions, base_flags=run.base, baseline_flags=baseline,
                   workload_key={"workload": asdict(run.spec), "backend": run.measurement["backend"]}, pool=pool,
                   write=log.append, existing=log.records, settings=settings, grid=run.grid,
@@ -236,9 +236,9 @@ def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: An
 
 
 def make_pool(run: SweepRun, *, say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()):
-    """This machine's slots (`slots`), or Ray actors (cluster.py) when ray.enabled."""
+    """This machine's slots (`slots`), or Ray actors (cluster/ray_pool.py) when ray.enabled."""
     if run.ray is not None:
-        from throttle_sweep.cluster import make_ray_pool
+        from throttle_sweep.cluster.ray_pool import make_ray_pool
 
         return make_ray_pool(run.ray, run.engine, run.spec, run.price, engine_flags=run.measurement["engine"] or {},
                              warm=run.warm, run_id=run.name, out=run.out, say=say, starts=starts)

@@ -26,6 +26,17 @@ from throttle_sweep.errors import ConfigError, nearest
 FlagSchema = Mapping[str, Any]  # flag name -> type annotation (Any where it cannot be resolved)
 
 
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def engine_gpus(flags: Mapping[str, Any]) -> int:
+    """The GPUs one engine holds: tensor x pipeline x data parallel size."""
+    gpus = 1
+    for key in PARALLEL:
+        gpus *= int(flags.get(key) or 1)
+    return gpus
+
+
 def flags_key(flags: Mapping[str, Any]) -> str:
     """One string per set of flag values, whatever their order: for telling flag sets apart or alike."""
     return json.dumps(dict(flags), sort_keys=True, default=str)

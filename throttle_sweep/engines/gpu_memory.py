@@ -14,7 +14,7 @@ from typing import Any
 from throttle_sweep.errors import MEMORY_SHORT, ConfigError
 
 Reading = list[tuple[int, int]]  # (free, total) bytes per device
-WAIT_S = 60.0  # then the start is tried anyway: vLLM refuses it if the memory is still held (see slot.py)
+WAIT_S = 60.0  # then the start is tried anyway: vLLM refuses it if the memory is still held (see cluster/slot.py)
 POLL_S = 0.5
 SETTLE_S = 3.0  # free memory that has not grown for this long is not coming back
 GROWTH_BYTES = 64 << 20  # less is jitter, not memory coming back
@@ -117,7 +117,7 @@ def beyond_reach(utilization: float, reading: Reading) -> str | None:
 def before_start(flags: Mapping[str, Any]) -> float | None:
     """Wait for the memory an engine with these flags will need on each of its GPUs (tensor x pipeline x data
     parallel); the seconds waited, None off a GPU."""
-    from throttle_sweep.cost import engine_gpus
+    from throttle_sweep.engines.flags import engine_gpus
 
     gpus = engine_gpus(flags)
     return wait_for_memory(utilization_of(flags), lambda: device_memory(gpus), poll_s=POLL_S)
@@ -139,7 +139,7 @@ def shortfall(utilization: float, reading: Reading | None) -> str | None:
 
 def after_failure(flags: Mapping[str, Any]) -> str | None:
     """`settled_shortfall` on the GPUs an engine with these flags used; None off a GPU."""
-    from throttle_sweep.cost import engine_gpus
+    from throttle_sweep.engines.flags import engine_gpus
 
     gpus = engine_gpus(flags)
     return settled_shortfall(utilization_of(flags), lambda: device_memory(gpus))

@@ -1,7 +1,7 @@
 """An engine session over HTTP: the fixed workload driven through an OpenAI-compatible server's streaming
 `/v1/completions`, and vLLM's counters read from its Prometheus `/metrics`.
 
-The workload drivers (workload.py) step a session; here a step waits for the next streamed chunks. The
+The workload drivers (measurement/workload.py) step a session; here a step waits for the next streamed chunks. The
 requests themselves stream concurrently on an asyncio loop in a background thread (aiohttp; httpx for the
 control calls), and every read is stamped on arrival, so TTFT and inter-token gaps are the client's view, as a
 production client sees them (chunks that come in one read arrived together: one arrival). A chunk can carry

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from throttle_sweep.analysis import COST_BASES
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.settings.sections import folder_name, thresholds_from
-from throttle_sweep.stats import Thresholds
+from throttle_sweep.stats.analysis import COST_BASES
+from throttle_sweep.stats.verdict import Thresholds
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from throttle_sweep.capacity.search import RateSearch
+from throttle_sweep.capacity.rates import RateSearch
 from throttle_sweep.capacity.slo import Slo
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.settings.sections import (
     engine_from,
     plain,
@@ -24,7 +25,6 @@ from throttle_sweep.settings.sections import (
     warm_engines_from,
     workload_from,
 )
-from throttle_sweep.workload import WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
 
 def mean_rate(spec: WorkloadSpec) -> float:
     """A trace's requests per second at speed 1, over its window: what a rate searched is a speed-up of."""
-    from throttle_sweep.trace import replayed
+    from throttle_sweep.measurement.trace import replayed
 
     lines = replayed(replace(spec, trace_speed=1.0))
     span = lines[-1].at_s - lines[0].at_s

@@ -9,9 +9,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine
-from throttle_sweep.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.settings.notes import concurrency_note, few_replicates_note, kv_size_note, shared_engine_note
 from throttle_sweep.settings.sections import (
     arm_flags,
@@ -26,8 +26,8 @@ from throttle_sweep.settings.sections import (
     warm_engines_from,
     workload_from,
 )
-from throttle_sweep.stats import Thresholds
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.stats.schedule import BASELINE, CANDIDATE, make_schedule, with_warmup
+from throttle_sweep.stats.verdict import Thresholds
 
 
 @dataclass(frozen=True)

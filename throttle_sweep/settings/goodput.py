@@ -12,12 +12,11 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig
 
-from throttle_sweep.config import CompareConf, StudyConf
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.search.space import build_space
+from throttle_sweep.measurement.cost import Price
 from throttle_sweep.settings.capacity import CapacitySettings, capacity_from
+from throttle_sweep.settings.schema import CompareConf, StudyConf
 from throttle_sweep.settings.sections import (
     arm_flags,
     engine_from,
@@ -30,10 +29,11 @@ from throttle_sweep.settings.sections import (
     workload_from,
 )
 from throttle_sweep.settings.sweep import space_extremes, space_file, space_name
+from throttle_sweep.sweep.space import build_space
 
 OBJECTIVES = ("cost", "goodput")
 GPU_TYPE = "gpu_type"  # the knob cost.prices adds: a configuration's params name its type, its flags do not
-# settings the goodput sweep's own loop (capacity/sweep.py) does not honour yet, and what it does instead: set to
+# settings the goodput sweep's own loop (sweep/goodput/driver.py) does not honour yet, and what it does instead: set to
 # anything but their defaults, they are refused, not silently ignored (the rule of settings/sections.py)
 NOT_HONOURED = {
     "study.sampler": "its study is Optuna's TPE, seeded by study.seed",
@@ -66,7 +66,7 @@ class GoodputRun:
     plots: bool
     out: Path
     config: dict[str, Any]
-    prices: dict[str, float] | None = None  # GPU type -> USD per GPU-hour: the type is a knob (gpu_types.py)
+    prices: dict[str, float] | None = None  # GPU type -> USD per GPU-hour: the type is a knob (cluster/gpu_types.py)
     baseline_type: str | None = None
     ray: dict[str, Any] | None = None  # the ray group, when the types' slots are on Ray
 

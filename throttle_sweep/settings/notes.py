@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.measurement.workload import WorkloadSpec
 
 TINY_KV = 64 << 20  # below this a KV cache is the embedded tiny model's size (tiny_cpu: 2.25 MiB), not a real model's
 

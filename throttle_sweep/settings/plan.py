@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from throttle_sweep.capacity.demand import Bucket, check_bucket_s, read_demand
-from throttle_sweep.capacity.studied import Study, read_study
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.replica_plan.demand import Bucket, check_bucket_s, read_demand
+from throttle_sweep.replica_plan.studied import Study, read_study
 from throttle_sweep.settings.sweep import study_location
 
 

@@ -23,8 +23,6 @@ from omegaconf import DictConfig, open_dict
 
 from throttle_sweep.engines import Engine, make_engine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.provenance import conflicts
-from throttle_sweep.search.export import serve_flags
 from throttle_sweep.settings.compare import CompareRun, load_compare
 from throttle_sweep.settings.sections import (
     arm_flags,
@@ -35,6 +33,8 @@ from throttle_sweep.settings.sections import (
     workload_from,
 )
 from throttle_sweep.settings.sweep import study_location
+from throttle_sweep.store.provenance import conflicts
+from throttle_sweep.sweep.export import serve_flags
 
 RECORDED = ("backend", "engine", "baseline", "workload", "cost")  # the sections the recheck takes from the export
 
@@ -127,7 +127,7 @@ def read_export(best: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def deployed_flags(served: Mapping[str, Any]) -> dict[str, Any]:
     """vllm_config.yaml's keys back to engine flags: `max-num-seqs` -> max_num_seqs, `no-FLAG: true` -> FLAG
-    false (how the export writes a flag turned off; search/export.py)."""
+    false (how the export writes a flag turned off; sweep/export.py)."""
     flags = {}
     for key, value in served.items():
         name = str(key).replace("-", "_")

@@ -11,17 +11,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from throttle_sweep.analysis import COST_BASES
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine, FakeKnobs, make_engine
 from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.engines.flags import check_flags
 from throttle_sweep.engines.model_source import check_model_reachable
 from throttle_sweep.errors import ConfigError, nearest
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.trace import counted
+from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.models import TINY_QWEN2, model_config
-from throttle_sweep.stats import Thresholds
-from throttle_sweep.trace import counted
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.stats.analysis import COST_BASES
+from throttle_sweep.stats.verdict import Thresholds
 
 
 def plain(node: Any) -> Any:
@@ -47,7 +47,7 @@ def price_from(cfg: DictConfig, *, typed: bool = False) -> Price:
 def no_energy_counter(cfg: DictConfig) -> str | None:
     """Why this run's replicates will have no energy to price, told before any engine starts; None where they
     can. On Ray the slots' GPUs are not this machine's: a replicate without a reading fails there."""
-    from throttle_sweep import energy
+    from throttle_sweep.measurement import energy
 
     if cfg.mode not in ("measure", "compare", "sweep"):
         return f"mode={cfg.mode} prices capacity at a request rate, not a replicate's measured energy"
@@ -164,7 +164,7 @@ def user_overrides() -> list[str]:
 
 def warm_engines_from(cfg: DictConfig) -> dict[str, Any]:
     """How a slot keeps its engines warm (compare.restart and friends), checked: the WarmSlot's keywords."""
-    from throttle_sweep.slot import check_restart
+    from throttle_sweep.cluster.slot import check_restart
 
     c = cfg.compare
     check_restart(c.restart, c.restart_every, c.engine_warmup)
@@ -176,8 +176,8 @@ def warm_engines_from(cfg: DictConfig) -> dict[str, Any]:
 
 def slots_from(cfg: DictConfig) -> tuple[int, str]:
     """How many slots a sweep runs on this machine (pool.local_slots), checked; Ray has its own (ray.slots)."""
+    from throttle_sweep.cluster.pool import local_slots
     from throttle_sweep.engines.vllm_inproc import cpu_build
-    from throttle_sweep.pool import local_slots
 
     if cfg.ray.enabled:
         if cfg.slots is not None:
@@ -219,7 +219,7 @@ def preflight(engine: Engine, flags: Mapping[str, Any], spec: WorkloadSpec, *, s
               refusals: bool = True) -> None:
     """Check one arm's flags and the workload against them; raises ConfigError naming the bad key. With
     `refusals`, flags the engine would refuse at start (vLLM's own config checks) are an error too; a sweep's
-    space is not checked so (its search tells refused proposals to the study: search/refusals.py)."""
+    space is not checked so (its search tells refused proposals to the study: sweep/refusals.py)."""
     check_flags(flags, engine.flag_schema(), source=source)
     for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
                 "block_size", "tensor_parallel_size"):
@@ -255,7 +255,7 @@ def check_data_parallel(engine: Engine, flags: Mapping[str, Any], *, source: str
 
 
 def _check_token_prompts(spec: WorkloadSpec) -> None:
-    from throttle_sweep.workload import make_requests
+    from throttle_sweep.measurement.workload import make_requests
 
     if any(r.prompt_token_ids is None for r in make_requests(spec)):
         raise ConfigError(f"workload.jsonl {spec.jsonl!r}: the embedded model has no tokenizer, so prompts "

@@ -11,12 +11,10 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from throttle_sweep.cost import Price
 from throttle_sweep.engines import Engine
 from throttle_sweep.errors import ConfigError
-from throttle_sweep.search.boundary import choose_knob, ordered
-from throttle_sweep.search.options import SweepSettings
-from throttle_sweep.search.space import build_space, grid, within_in_flight
+from throttle_sweep.measurement.cost import Price
+from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.settings.notes import few_replicates_note, kv_size_note, shared_engine_note
 from throttle_sweep.settings.sections import (
     arm_flags,
@@ -33,7 +31,9 @@ from throttle_sweep.settings.sections import (
     warm_engines_from,
     workload_from,
 )
-from throttle_sweep.workload import WorkloadSpec
+from throttle_sweep.sweep.boundary import choose_knob, ordered
+from throttle_sweep.sweep.options import SweepSettings
+from throttle_sweep.sweep.space import build_space, grid, within_in_flight
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 

@@ -1,0 +1,1 @@
+"""How a comparison is shown (printout, summaries, plot), and live progress."""

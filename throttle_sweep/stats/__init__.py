@@ -1,0 +1,1 @@
+"""Pure statistics: run orders, the least-squares fit, verdicts, and what a comparison's records say."""
