@@ -6,6 +6,7 @@ ended by NUL), so no websocket client or browser driver is needed."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -153,8 +154,6 @@ def _inspect(cdp: Pipe, page: Path, screenshot: Path, width: int) -> PageCheck:
                     session=session)
     screenshot.write_bytes(base64.b64decode(shot["data"]))
     found.screenshot = screenshot
-    try:
+    with contextlib.suppress(RuntimeError, TimeoutError):  # it may close before it answers
         cdp.send("Browser.close")
-    except (RuntimeError, TimeoutError):
-        pass  # it closed before it answered
     return found

@@ -1,12 +1,14 @@
-"""How a comparison is shown: console lines, summary.json, summary.md and a PNG of cost in run order."""
+"""How a comparison is shown: console lines, summary.json, summary.md, report.html and a PNG of cost in run order."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from throttle_sweep import html_report
 from throttle_sweep.analysis import BASIS_LABEL, Analysis, judged_joules
 from throttle_sweep.cost import Price
 from throttle_sweep.fitting import fit
@@ -88,7 +90,28 @@ def write(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Pric
         plot_replicates(analysis, paths["png"])
         md += ["", "![cost per replicate in run order](replicates.png)"]
     paths["md"].write_text("\n".join(md) + "\n")
+    paths["html"] = page(out_dir, analysis, thresholds, price, title="Comparison", pictures=[paths["png"]]
+                         if "png" in paths else [])
     return paths
+
+
+def page(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Price | None, *, title: str,
+         answer: str | None = None, before: Sequence[html_report.Section] = (), pictures: Sequence[Path] = ()
+         ) -> Path:
+    """report.html of a comparison: its verdict (or `answer`), its printout, its replicates and its picture."""
+    data = summary(analysis, thresholds, price)
+    text = lines(analysis, thresholds, price)
+    verdict = next(line for line in text if line.startswith("verdict: "))
+    header = ("position", "arm", f"$/M output tokens ({BASIS_LABEL[analysis.basis]})", "J/output token", "status",
+              "preemptions")
+    rows = [(r["position"], analysis.labels[r["arm"]], r["judged_usd_per_mtok"], r["judged_j_per_output_token"],
+             r["status"], r["preemptions"]) for r in data["replicates"]]
+    sections = [*before, html_report.Section("The comparison", text=text),
+                html_report.Section("Replicates in run order", tables=[html_report.Table(header, rows)],
+                                    pictures=pictures)]
+    labels = analysis.labels
+    return html_report.write(out_dir, f"{title}: {labels[CANDIDATE]} against {labels[BASELINE]}", answer or verdict,
+                             sections)
 
 
 def plot_replicates(analysis: Analysis, path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from throttle_sweep import html_report
 from throttle_sweep.capacity.day_plan import Cost, DayPlan
 from throttle_sweep.capacity.studied import Served
 
@@ -108,3 +109,16 @@ def plot(plan: DayPlan, path: Path, title: str) -> None:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def page(folder: Path, title: str, said: Sequence[str], plan: DayPlan, typed: dict[str, DayPlan],
+         pictures: Sequence[Path]) -> Path:
+    """plan.html beside the study (its own report.html stays): the day's cost, the buckets, the picture."""
+    days = day_lines(plan)
+    rows = [(clock(r.bucket.start_s), r.bucket.hours, r.bucket.rps, r.replicas, r.sure) for r in plan.rows]
+    sections = [html_report.Section("The day", text=[*said, *days, *type_lines(typed)]),
+                html_report.Section("Buckets", tables=[html_report.Table(
+                    ("start", "hours", "demand (req/s)", "replicas", "sure (lower bound)"), rows)])]
+    if pictures:
+        sections.append(html_report.Section("Picture", pictures=pictures))
+    return html_report.write(folder, title, days[0], sections, name="plan.html")

@@ -15,7 +15,7 @@ from rich.console import Console
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
 from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
 from throttle_sweep.capacity.sweep_plot import plot
-from throttle_sweep.capacity.sweep_report import answer, costed_of, fmt_params
+from throttle_sweep.capacity.sweep_report import answer, costed_of, fmt_params, page
 from throttle_sweep.commands.export import move_aside
 from throttle_sweep.gpu_types import make_typed_slots
 from throttle_sweep.provenance import claim_run_folder, overrides_for
@@ -87,6 +87,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
         plot([sweep.baseline, *sweep.trials], costed, r.capacity, r.out / "cost_vs_rate.png")
         say(f"picture: {r.out / 'cost_vs_rate.png'} (cost against rate, capacities marked)")
+    pictures = [r.out / "cost_vs_rate.png"] if r.plots else []
+    say(f"report: {page(r.out, f'goodput sweep {r.out.name}', lines, summary, pictures)}")
     if winner is None:
         if (r.out / "best").exists():  # an earlier run's winner is not this one's answer
             say(f"no winner to export; the earlier export was moved to {move_aside(r.out / 'best')}")

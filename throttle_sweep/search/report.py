@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from throttle_sweep import html_report
 from throttle_sweep.analysis import BASIS_LABEL
 from throttle_sweep.cost import Price
 from throttle_sweep.search.boundary import describe, ordered
@@ -298,4 +300,13 @@ def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: 
             text.append(f"(pictures not drawn: {type(exc).__name__}: {exc})")
     path = out / "report.md"
     path.write_text("\n".join(text) + "\n")
+    told = lines(result, price, max_preemptions)
+    answer = next((line for line in told if line.startswith(ANSWERS)), told[-1])
+    pictures = [out / name for name in re.findall(r"\]\(([^)]+\.png)\)", "\n".join(text))]
+    html_report.write(out, f"sweep {result.study.study_name}", answer,
+                      [html_report.Section("The sweep", text=told), html_report.Section("Pictures", pictures=pictures)]
+                      if pictures else [html_report.Section("The sweep", text=told)])
     return path
+
+
+ANSWERS = ("winner (", "stopped before an answer", "no candidate was confirmed")  # the lines that answer the sweep
