@@ -29,6 +29,8 @@ pre { background: #f6f6f6; padding: .6rem .8rem; overflow-x: auto; font-size: .8
 table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
 caption { text-align: left; font-weight: 600; padding-bottom: .3rem; }
 th, td { border: 1px solid #ccc; padding: .25rem .6rem; text-align: left; vertical-align: top; }
+td.num, td.short { white-space: nowrap; }
+.wide { overflow-x: auto; }
 th { background: #f0f0f0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1rem 0; }
@@ -76,11 +78,18 @@ def cell(value: Any) -> str:
 
 
 def facts(data: Mapping[str, Any], *, caption: str = "", keys: Iterable[str] | None = None) -> Table:
-    """Key and value, one row each, of the scalar (and short numeric list) entries of a summary."""
+    """Key and value, one row each, of the scalar (and short numeric list) entries of a summary; values as text,
+    aligned left under one another."""
     chosen = list(keys) if keys is not None else list(data)
-    rows = [(k, data[k]) for k in chosen if k in data and not isinstance(data[k], dict)
-            and (not isinstance(data[k], list) or len(data[k]) <= 4)]
+    rows = [(k, cell(data[k])) for k in chosen if k in data and not isinstance(data[k], dict)
+            and (not isinstance(data[k], list) or (len(data[k]) <= 4 and all(
+                isinstance(v, (int, float)) or v is None for v in data[k])))]
     return Table(("", "value"), rows, caption)
+
+
+def flag_words(flags: Mapping[str, Any]) -> str:
+    """`max_num_seqs=8 block_size=16`: a configuration for a title."""
+    return " ".join(f"{k}={v}" for k, v in flags.items()) or "vLLM's defaults"
 
 
 def render(title: str, answer: str, sections: Sequence[Section]) -> str:
@@ -99,16 +108,21 @@ def render(title: str, answer: str, sections: Sequence[Section]) -> str:
 
 def table_html(table: Table) -> str:
     esc = html.escape
-    out = ["<table>"]
+    out = ['<div class="wide"><table>']
     if table.caption:
         out.append(f"<caption>{esc(table.caption)}</caption>")
     out.append("<tr>" + "".join(f"<th>{esc(str(h))}</th>" for h in table.header) + "</tr>")
     for row in table.rows:
-        out.append("<tr>" + "".join(
-            f'<td{" class=num" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""}>{esc(cell(v))}</td>'
-            for v in row) + "</tr>")
-    out.append("</table>")
+        out.append("<tr>" + "".join(f"<td{kind(v)}>{esc(cell(v))}</td>" for v in row) + "</tr>")
+    out.append("</table></div>")
     return "\n".join(out)
+
+
+def kind(value: Any) -> str:
+    """Numbers right-aligned; a short cell (an interval, a flag) kept on one line; long text wraps."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return " class=num"
+    return " class=short" if len(cell(value)) <= 48 else ""
 
 
 def picture_html(path: Path) -> str:

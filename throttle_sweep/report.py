@@ -102,16 +102,19 @@ def page(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Price
     data = summary(analysis, thresholds, price)
     text = lines(analysis, thresholds, price)
     verdict = next(line for line in text if line.startswith("verdict: "))
-    header = ("position", "arm", f"$/M output tokens ({BASIS_LABEL[analysis.basis]})", "J/output token", "status",
-              "preemptions")
-    rows = [(r["position"], analysis.labels[r["arm"]], r["judged_usd_per_mtok"], r["judged_j_per_output_token"],
-             r["status"], r["preemptions"]) for r in data["replicates"]]
+    change = next((line for line in text if line.startswith("change ")), None)
+    energy = any(r["judged_j_per_output_token"] for r in data["replicates"])  # a column only where it was measured
+    header = ("position", "arm", f"$/M output tokens ({BASIS_LABEL[analysis.basis]})",
+              *(("J/output token",) if energy else ()), "status", "preemptions")
+    rows = [(r["position"], analysis.labels[r["arm"]], r["judged_usd_per_mtok"],
+             *((r["judged_j_per_output_token"],) if energy else ()), r["status"], r["preemptions"])
+            for r in data["replicates"]]
     sections = [*before, html_report.Section("The comparison", text=text),
                 html_report.Section("Replicates in run order", tables=[html_report.Table(header, rows)],
                                     pictures=pictures)]
     labels = analysis.labels
-    return html_report.write(out_dir, f"{title}: {labels[CANDIDATE]} against {labels[BASELINE]}", answer or verdict,
-                             sections)
+    return html_report.write(out_dir, f"{title}: {labels[CANDIDATE]} against {labels[BASELINE]}",
+                             answer or (f"{verdict}; {change}" if change else verdict), sections)
 
 
 def plot_replicates(analysis: Analysis, path: Path) -> None:
@@ -133,7 +136,7 @@ def plot_replicates(analysis: Analysis, path: Path) -> None:
         ys = [math.exp(intercept + effect * (arm == CANDIDATE) + slope * (x - centre)) for x in xs]
         ax.plot(xs, ys, color=colour, linestyle="--", linewidth=1)
     ax.set_xlabel("run position")
-    ax.set_ylabel(f"$ per million output tokens, {BASIS_LABEL[analysis.basis]} (assumed price)")
+    ax.set_ylabel(f"$ per million output tokens\n{BASIS_LABEL[analysis.basis]} (assumed price)")
     ax.set_title(f"{analysis.verdict}: ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}]")
     ax.legend()
     fig.tight_layout()

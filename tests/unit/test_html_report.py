@@ -57,14 +57,15 @@ def test_tables_have_a_header_a_row_per_item_and_numbers_formatted():
     page = html_report.render("t", "a", [Section("s", tables=[table])])
     rows = re.findall(r"<tr>(.*?)</tr>", page)
     assert rows[0] == "<th>rate</th><th>met</th><th>verdict</th>"
-    assert rows[1] == "<td class=num>1.235</td><td class=num>7</td><td>holds</td>"
-    assert rows[2] == "<td class=num>2</td><td>-</td><td>yes</td>"
+    assert rows[1] == "<td class=num>1.235</td><td class=num>7</td><td class=short>holds</td>"
+    assert rows[2] == "<td class=num>2</td><td class=short>-</td><td class=short>yes</td>"
     assert "<caption>levels</caption>" in page
 
 
 def test_facts_keep_scalars_and_short_lists_of_a_summary():
-    table = html_report.facts({"capacity_rps": 3.5, "capacity_ci": [3.0, 4.1], "levels": {"a": 1}, "runs": list(range(9))})
-    assert [r[0] for r in table.rows] == ["capacity_rps", "capacity_ci"]
+    table = html_report.facts({"capacity_rps": 3.5, "capacity_ci": [3.0, 4.1], "levels": {"a": 1},
+                               "runs": list(range(9)), "rates": [{"rate": 1}], "price": "$1"})
+    assert table.rows == [("capacity_rps", "3.5"), ("capacity_ci", "[3, 4.1]"), ("price", "$1")]
     assert html_report.cell([3.0, 4.1234567]) == "[3, 4.123]"
 
 

@@ -116,9 +116,7 @@ def page(folder: Path, title: str, said: Sequence[str], plan: DayPlan, typed: di
     """plan.html beside the study (its own report.html stays): the day's cost, the buckets, the picture."""
     days = day_lines(plan)
     rows = [(clock(r.bucket.start_s), r.bucket.hours, r.bucket.rps, r.replicas, r.sure) for r in plan.rows]
-    sections = [html_report.Section("The day", text=[*said, *days, *type_lines(typed)]),
-                html_report.Section("Buckets", tables=[html_report.Table(
-                    ("start", "hours", "demand (req/s)", "replicas", "sure (lower bound)"), rows)])]
-    if pictures:
-        sections.append(html_report.Section("Picture", pictures=pictures))
+    buckets = html_report.Table(("start", "hours", "demand (req/s)", "replicas", "sure (lower bound)"), rows)
+    sections = [html_report.Section("The day", text=[*said, *days, *type_lines(typed)], pictures=pictures),
+                html_report.Section("Buckets", tables=[buckets])]
     return html_report.write(folder, title, days[0], sections, name="plan.html")

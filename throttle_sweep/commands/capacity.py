@@ -16,6 +16,7 @@ from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, ru
 from throttle_sweep.capacity.search import FOUND, RateSearch
 from throttle_sweep.capacity.steady import counted, summary_of
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.html_report import flag_words
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
 from throttle_sweep.runlock import hold
@@ -79,7 +80,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         say(f"plot: {out / 'capacity.png'}")
         pictures.append(out / "capacity.png")
     say(f"summary: {out / 'summary.json'}")
-    say(f"report: {page(out, f'capacity of {flags} on {engine.name}', told, result, knee, pictures)}")
+    say(f"report: {page(out, f'capacity of {flag_words(flags)} on {engine.name}', told, result, knee, pictures)}")
     return 0 if result.get("capacity_rps") is not None else 1
 
 

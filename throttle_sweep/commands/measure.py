@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from throttle_sweep.html_report import Section, Table, facts, write
+from throttle_sweep.html_report import Section, Table, facts, flag_words, write
 from throttle_sweep.measure import closing_notes, measure_replicate, one_line
 from throttle_sweep.provenance import claim_run_folder
 from throttle_sweep.records import RecordLog
@@ -65,4 +65,5 @@ def page(out: Path, record: dict[str, Any], told: str, engine: str) -> Path:
             ("", "p50", "p95", "p99", "requests"),
             [(kind, v.get("p50"), v.get("p95"), v.get("p99"), v.get("n")) for kind, v in latency.items()])]))
     sections.append(Section("Flags", tables=[facts(record.get("flags") or {})]))
-    return write(out, f"measure: {engine}", told.splitlines()[0], sections)
+    return write(out, f"measure of {flag_words(record.get('flags') or {})} on {engine}", told.splitlines()[0],
+                 sections)

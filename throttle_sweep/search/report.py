@@ -300,13 +300,28 @@ def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: 
             text.append(f"(pictures not drawn: {type(exc).__name__}: {exc})")
     path = out / "report.md"
     path.write_text("\n".join(text) + "\n")
-    told = lines(result, price, max_preemptions)
-    answer = next((line for line in told if line.startswith(ANSWERS)), told[-1])
     pictures = [out / name for name in re.findall(r"\]\(([^)]+\.png)\)", "\n".join(text))]
-    html_report.write(out, f"sweep {result.study.study_name}", answer,
-                      [html_report.Section("The sweep", text=told), html_report.Section("Pictures", pictures=pictures)]
-                      if pictures else [html_report.Section("The sweep", text=told)])
+    page(out, result, price, max_preemptions, pictures)
     return path
 
 
 ANSWERS = ("winner (", "stopped before an answer", "no candidate was confirmed")  # the lines that answer the sweep
+
+
+def page(out: Path, result: SweepResult, price: Price, max_preemptions: int, pictures: list[Path]) -> Path:
+    """report.html: the answer, the trials as a table, the printout's other lines, the pictures."""
+    told = lines(result, price, max_preemptions)
+    versus = yardstick(result.study)
+    rows = [r for r in trial_rows(result.study) if r["duplicate_of"] is None]
+    cells = []
+    for r in rows:
+        usd, ratio, status = row_cells(r, versus)
+        cells.append((r["trial"], fmt_params(r["params"]), usd, ratio, r["verdict"], r["preemptions"], status))
+    trials = html_report.Table(("trial", "flags", "$/M", "ratio [CI]", "verdict", "preemptions", "status"), cells)
+    sections = [html_report.Section("Trials", tables=[trials]),
+                html_report.Section("The sweep", text=told[1 + len(rows):])]  # its table is the one above
+    if pictures:
+        sections.append(html_report.Section("Pictures", pictures=pictures))
+    answer = next((line for line in told if line.startswith(ANSWERS)), told[-1])
+    return html_report.write(out, f"sweep {result.study.study_name}", answer, sections)
+
