@@ -41,8 +41,15 @@ class PageCheck:
                 + [f"image not shown: {i[:80]}" for i in self.broken_images])
 
 
-def available() -> bool:
-    return shutil.which(CHROMIUM) is not None
+def require_chromium() -> None:
+    """Skip without the browser, but fail in CI (CI=true), where .ci/run installs it."""
+    import pytest
+
+    if shutil.which(CHROMIUM) is None:
+        message = f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 class Pipe:

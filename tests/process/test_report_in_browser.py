@@ -5,8 +5,6 @@ something. Outside CI the browser may be absent (skipped); with CI=true its abse
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests import browser
@@ -15,11 +13,17 @@ from tests.process.test_user_paths import cli, ok
 
 @pytest.fixture
 def chromium():
-    if not browser.available():
-        message = f"{browser.CHROMIUM} is not installed (apt-get install chromium; .ci/run installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    browser.require_chromium()
+
+
+def test_a_missing_browser_fails_in_ci_and_is_skipped_elsewhere(monkeypatch):
+    monkeypatch.setattr(browser, "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception):
+        browser.require_chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        browser.require_chromium()
 
 
 def test_the_checker_catches_a_broken_picture_a_script_error_and_a_request_to_the_network(tmp_path, chromium):

@@ -1,5 +1,6 @@
 """Every mode that writes a results folder writes report.html beside its other files, and the page's answer is
-the mode's answer as the terminal said it; on the fake engine, as each mode's own tests run it."""
+the mode's answer as the terminal said it; on the fake engine, as each mode's own tests run it (the goodput
+sweep's in test_goodput_sweep.py, on the sweep its tests share)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import re
 from rich.console import Console
 
 from tests.helpers import compose_cfg
-from tests.unit.test_goodput_sweep import SMALL as GOODPUT
 from tests.unit.test_recheck import fake_study
 from tests.unit.test_replica_plan import HOURLY, capacity_study, demand_csv
 from tests.unit.test_sweep import SPACE, WORK
@@ -72,14 +72,6 @@ def test_cost_sweep(tmp_path):
                       "study.confirm_replicates=2", "plots=false", tmp_path=tmp_path)
     code, said, answer, _ = said_and_answer(sweep_cmd.run, cfg, tmp_path / "s")
     assert code == 0 and answer.startswith(("winner", "no candidate")) and answer in said
-
-
-def test_goodput_sweep(tmp_path):
-    cfg = compose_cfg(*GOODPUT, "study.n_trials=2", tmp_path=tmp_path)
-    code, said, answer, _ = said_and_answer(sweep_cmd.run, cfg, tmp_path / "g")
-    winner = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
-    assert answer in said and (answer.startswith(f"winner: {winner['config']}") if winner else
-                               answer.startswith("no ")), (code, answer)
 
 
 def test_plan_beside_the_study_it_plans_without_replacing_the_studys_report(tmp_path):
