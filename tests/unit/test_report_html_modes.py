@@ -42,6 +42,13 @@ def test_measure(tmp_path):
     assert code == 0 and "output tok/s" in answer and "/M output tokens" in answer and answer in said
 
 
+def test_a_measurement_that_failed_says_so_in_its_report(tmp_path):
+    cfg = compose_cfg("backend=fake", "run=crash", "workload.num_requests=16", "fake.crash_after_steps=3",
+                      tmp_path=tmp_path)
+    code, said, answer, _ = said_and_answer(measure_cmd.run, cfg, tmp_path / "crash")
+    assert code == 1 and answer.startswith("FAILED") and "crash_after_steps" in answer and answer in said
+
+
 def test_compare_and_analyze_of_its_records(tmp_path):
     cfg = compose_cfg("backend=fake", "fake.noise_sd=0.02", "workload.num_requests=24", "workload.output_len=32",
                       "run=c", "plots=true", tmp_path=tmp_path)

@@ -63,7 +63,8 @@ def page(out: Path, record: dict[str, Any], told: str, engine: str) -> Path:
     if latency:
         sections.append(Section("Latency (seconds)", tables=[Table(
             ("", "p50", "p95", "p99", "requests"),
-            [(kind, v.get("p50"), v.get("p95"), v.get("p99"), v.get("n")) for kind, v in latency.items()])]))
+            [(kind, v.get("p50"), v.get("p95"), v.get("p99"), v.get("n")) for kind, v in latency.items()
+             if isinstance(v, dict)])]))
     sections.append(Section("Flags", tables=[facts(record.get("flags") or {})]))
     return write(out, f"measure of {flag_words(record.get('flags') or {})} on {engine}", told.splitlines()[0],
                  sections)
