@@ -46,6 +46,16 @@ def measured(tmp_path_factory):
     return folder, said
 
 
+def test_its_report_html_names_the_winner_as_the_terminal_did(measured):
+    from tests.unit.test_report_html_modes import report_of
+
+    folder, said = measured
+    answer, page = report_of(folder / "g" / "report.html")
+    winner = json.loads((folder / "g" / "summary.json").read_text())["winner"]
+    assert answer.startswith(f"winner: {winner['config']}") and "<th>capacity (req/s)" in page
+    assert " ".join(answer.split()) in " ".join(said.split())  # the console here wraps its lines
+
+
 def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_target(measured):
     folder, said = measured
     summary = json.loads((folder / "g" / "summary.json").read_text())

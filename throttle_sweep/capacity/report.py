@@ -11,6 +11,7 @@ from throttle_sweep.capacity.knee import Knee
 from throttle_sweep.capacity.rates import ALWAYS_MET, NEVER_MET, RateSearch
 from throttle_sweep.capacity.slo import Slo
 from throttle_sweep.measurement.cost import Price, usd_per_mtok_at
+from throttle_sweep.report import html_page
 
 
 def per_request_tokens(records: Sequence[Mapping[str, Any]]) -> float:
@@ -94,6 +95,21 @@ def runs_words(result: Mapping[str, Any]) -> str:
     if result.get("lengthened_runs"):
         words += f"; {result['lengthened_runs']} run again twice as long, the first too short to tell"
     return words
+
+
+def page(out: Path, title: str, told: Sequence[str], result: Mapping[str, Any], knee: Knee | None,
+         pictures: Sequence[Path]) -> Path:
+    """report.html of a capacity study: its sentences, the knee's rates, its picture and summary.json's numbers."""
+    sections = [html_page.Section("The capacity", text=told)]
+    if knee is not None:
+        rows = [(lv.rate, lv.runs, f"{lv.attainment:.1%}", lv.met, lv.counted, lv.verdict) for lv in knee.levels]
+        sections.append(html_page.Section("Rates at the knee", tables=[html_page.Table(
+            ("rate (req/s)", "runs", "attainment", "met the SLO", "requests counted", "verdict (one-sided, alpha/2)"),
+            rows)]))
+    if pictures:
+        sections.append(html_page.Section("Picture", pictures=pictures))
+    sections.append(html_page.Section("summary.json", tables=[html_page.facts(result)]))
+    return html_page.write(out, title, told[0], sections)
 
 
 def plot(records: Sequence[Mapping[str, Any]], attain: Sequence[float], knee: Knee | None, slo: Slo,

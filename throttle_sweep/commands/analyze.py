@@ -48,7 +48,9 @@ def run(cfg: DictConfig, console: Console) -> int:
             say(f"[bold]comparison {entry.name}[/]" + (f" ({entry.stage} {entry.key})" if entry.key else ""))
         for line in lines(analysis, thresholds, price):
             say(line)
-        say(f"summary: {write(a.out_root / 'analysis' / entry.name, analysis, thresholds, price, plot=a.plots)['md']}")
+        paths = write(a.out_root / "analysis" / entry.name, analysis, thresholds, price, plot=a.plots)
+        say(f"summary: {paths['md']}")
+        say(f"report: {paths['html']}")
     return 0
 
 

@@ -12,12 +12,13 @@ from rich.console import Console
 
 from throttle_sweep.capacity.knee import Knee, fit_knee
 from throttle_sweep.capacity.rates import FOUND, RateSearch
-from throttle_sweep.capacity.report import plot, sentences, summary
+from throttle_sweep.capacity.report import page, plot, sentences, summary
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line, usable
 from throttle_sweep.capacity.steady import counted, summary_of
 from throttle_sweep.cluster.signals import shielded, stop_on_sigterm
 from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.report.html_page import flag_words
 from throttle_sweep.settings.capacity import CapacitySettings, load_capacity
 from throttle_sweep.store.lock import hold
 from throttle_sweep.store.provenance import claim_run_folder
@@ -65,16 +66,21 @@ def run(cfg: DictConfig, console: Console) -> int:
               **summary_of([(r, counted(r, slo)[2]) for r in knee_records])}  # depends on, said with it
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     show(knee, say)
-    for line in sentences(result, search, slo):
-        say(line)
+    told = sentences(result, search, slo)
     if settings.trace_rps is not None and result.get("capacity_rps") is not None:
         low, high = (x / settings.trace_rps if x is not None else None for x in result.get("capacity_ci", [None] * 2))
-        say(f"this trace, sped up {result['capacity_rps'] / settings.trace_rps:.3g} times, still meets the SLO"
-            + (f" (95% CI [{low:.3g}, {high:.3g}] times)" if low is not None and high is not None else ""))
+        told.append(f"this trace, sped up {result['capacity_rps'] / settings.trace_rps:.3g} times, still meets the "
+                    "SLO" + (f" (95% CI [{low:.3g}, {high:.3g}] times)" if low is not None and high is not None
+                             else ""))
+    for line in told:
+        say(line)
+    pictures = []
     if r.plots and ok:
         plot(ok, [attainment_share(r, settings) for r in ok], knee, slo, out / "capacity.png")
         say(f"plot: {out / 'capacity.png'}")
+        pictures.append(out / "capacity.png")
     say(f"summary: {out / 'summary.json'}")
+    say(f"report: {page(out, f'capacity of {flag_words(flags)} on {engine.name}', told, result, knee, pictures)}")
     return 0 if result.get("capacity_rps") is not None else 1
 
 

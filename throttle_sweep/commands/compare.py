@@ -88,6 +88,7 @@ def measure_comparison(r: CompareRun, cfg: DictConfig, console: Console, *,
     for note in closing_notes(records):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
+    console.print(f"report: {paths['html']}")
     return analysis
 
 

@@ -26,7 +26,7 @@ from throttle_sweep.store.records import RecordLog
 from throttle_sweep.sweep.export import export_best
 from throttle_sweep.sweep.goodput.driver import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
 from throttle_sweep.sweep.goodput.plot import plot
-from throttle_sweep.sweep.goodput.report import answer, costed_of, fmt_params
+from throttle_sweep.sweep.goodput.report import answer, costed_of, fmt_params, page
 
 SLOT_RETRIES = 2  # a run lost to its slot (a node died, a deadline passed) runs again this often, then the sweep stops
 
@@ -87,6 +87,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
         plot([sweep.baseline, *sweep.trials], costed, r.capacity, r.out / "cost_vs_rate.png")
         say(f"picture: {r.out / 'cost_vs_rate.png'} (cost against rate, capacities marked)")
+    pictures = [r.out / "cost_vs_rate.png"] if r.plots else []
+    say(f"report: {page(r.out, f'goodput sweep {r.out.name}', lines, summary, pictures)}")
     if winner is None:
         if (r.out / "best").exists():  # an earlier run's winner is not this one's answer
             say(f"no winner to export; the earlier export was moved to {move_aside(r.out / 'best')}")

@@ -1,6 +1,6 @@
 """mode=plan study.name=NAME plan.demand=PATH: the replicas, GPU-hours and dollars a day of demand needs, from
 a finished capacity study or goodput sweep (replica_plan/day.py). It measures nothing: it reads the study, and
-writes plan.json and plan.png beside it."""
+writes plan.json, plan.png and plan.html beside it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from throttle_sweep.replica_plan.day import plan_day, plan_json, totals
-from throttle_sweep.replica_plan.report import capacity_notes, day_lines, plot, table, type_lines
+from throttle_sweep.replica_plan.report import capacity_notes, day_lines, page, plot, table, type_lines
 from throttle_sweep.settings.plan import load_plan
 
 
@@ -21,10 +21,10 @@ def run(cfg: DictConfig, console: Console) -> int:
     say = partial(console.print, highlight=False)
     plan = plan_day(buckets, study.served)
     rates = [b.rps for b in buckets]
-    say(f"plan for study {study.name!r} ({study.kind}): {study.served.words()}")
-    say(f"demand: {r.demand}, {len(buckets)} buckets over {plan.hours:.3g} h: {min(rates):.3g} to {max(rates):.3g} "
-        f"req/s, mean {plan.mean_rps:.3g}")
-    for line in [*study.notes, *capacity_notes(study.served), *table(plan), *day_lines(plan)]:
+    said = [f"plan for study {study.name!r} ({study.kind}): {study.served.words()}",
+            f"demand: {r.demand}, {len(buckets)} buckets over {plan.hours:.3g} h: {min(rates):.3g} to "
+            f"{max(rates):.3g} req/s, mean {plan.mean_rps:.3g}", *study.notes, *capacity_notes(study.served)]
+    for line in [*said, *table(plan), *day_lines(plan)]:
         say(line)
     typed = {t: plan_day(buckets, served) for t, served in study.types.items()}
     for line in type_lines(typed):
@@ -39,4 +39,6 @@ def run(cfg: DictConfig, console: Console) -> int:
              f"against the capacity its replicas provision\n{study.served.capacity_words()}")
         say(f"picture: {study.folder / 'plan.png'} (demand against capacity over the day)")
     say(f"plan: {study.folder / 'plan.json'}")
+    pictures = [study.folder / "plan.png"] if r.plots else []
+    say(f"report: {page(study.folder, f'plan for study {study.name}', said, plan, typed, pictures)}")
     return 0

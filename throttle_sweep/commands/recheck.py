@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from throttle_sweep.commands.compare import measure_comparison
+from throttle_sweep.report.comparison import page
+from throttle_sweep.report.html_page import Section
 from throttle_sweep.settings.recheck import RecheckRun, load_recheck
 from throttle_sweep.stats.analysis import Analysis
 from throttle_sweep.stats.schedule import BASELINE
@@ -37,10 +39,16 @@ def run(cfg: DictConfig, console: Console) -> int:
                                 context={"recheck": {"study": r.study, "best": str(r.best)}})
     if isinstance(result, int):
         return result
-    say("versions: " + "; ".join(f"{label} {shown(then)} then, {shown(now)} now"
-                                 for label, then, now in side_by_side(r.measured_with, now_environment(result))))
+    versions = "versions: " + "; ".join(f"{label} {shown(then)} then, {shown(now)} now"
+                                        for label, then, now in side_by_side(r.measured_with, now_environment(result)))
+    say(versions)
     holds, line = verdict_line(r, result)
     say(line)
+    picture = r.compare.out / "replicates.png"
+    report = page(r.compare.out, result, r.compare.thresholds, r.compare.price, title="Recheck", answer=line,
+                  before=[Section("Recheck", text=[line, versions])],
+                  pictures=[picture] if r.compare.plots and picture.exists() else [])
+    say(f"report: {report}")
     return 0 if holds else 1
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from throttle_sweep.replica_plan.day import Cost, DayPlan
 from throttle_sweep.replica_plan.studied import Served
+from throttle_sweep.report import html_page
 
 
 def clock(start_s: float) -> str:
@@ -108,3 +109,14 @@ def plot(plan: DayPlan, path: Path, title: str) -> None:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def page(folder: Path, title: str, said: Sequence[str], plan: DayPlan, typed: dict[str, DayPlan],
+         pictures: Sequence[Path]) -> Path:
+    """plan.html beside the study (its own report.html stays): the day's cost, the buckets, the picture."""
+    days = day_lines(plan)
+    rows = [(clock(r.bucket.start_s), r.bucket.hours, r.bucket.rps, r.replicas, r.sure) for r in plan.rows]
+    buckets = html_page.Table(("start", "hours", "demand (req/s)", "replicas", "sure (lower bound)"), rows)
+    sections = [html_page.Section("The day", text=[*said, *days, *type_lines(typed)], pictures=pictures),
+                html_page.Section("Buckets", tables=[buckets])]
+    return html_page.write(folder, title, days[0], sections, name="plan.html")

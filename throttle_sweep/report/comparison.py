@@ -1,13 +1,15 @@
-"""How a comparison is shown: console lines, summary.json, summary.md and a PNG of cost in run order."""
+"""How a comparison is shown: console lines, summary.json, summary.md, report.html and a PNG of cost in run order."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from throttle_sweep.measurement.cost import Price
+from throttle_sweep.report import html_page
 from throttle_sweep.stats.analysis import BASIS_LABEL, Analysis, judged_joules
 from throttle_sweep.stats.fit import fit
 from throttle_sweep.stats.schedule import BASELINE, CANDIDATE
@@ -88,7 +90,31 @@ def write(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Pric
         plot_replicates(analysis, paths["png"])
         md += ["", "![cost per replicate in run order](replicates.png)"]
     paths["md"].write_text("\n".join(md) + "\n")
+    paths["html"] = page(out_dir, analysis, thresholds, price, title="Comparison", pictures=[paths["png"]]
+                         if "png" in paths else [])
     return paths
+
+
+def page(out_dir: Path, analysis: Analysis, thresholds: Thresholds, price: Price | None, *, title: str,
+         answer: str | None = None, before: Sequence[html_page.Section] = (), pictures: Sequence[Path] = ()
+         ) -> Path:
+    """report.html of a comparison: its verdict (or `answer`), its printout, its replicates and its picture."""
+    data = summary(analysis, thresholds, price)
+    text = lines(analysis, thresholds, price)
+    verdict = next(line for line in text if line.startswith("verdict: "))
+    change = next((line for line in text if line.startswith("change ")), None)
+    energy = any(r["judged_j_per_output_token"] for r in data["replicates"])  # a column only where it was measured
+    header = ("position", "arm", f"$/M output tokens ({BASIS_LABEL[analysis.basis]})",
+              *(("J/output token",) if energy else ()), "status", "preemptions")
+    rows = [(r["position"], analysis.labels[r["arm"]], r["judged_usd_per_mtok"],
+             *((r["judged_j_per_output_token"],) if energy else ()), r["status"], r["preemptions"])
+            for r in data["replicates"]]
+    sections = [*before, html_page.Section("The comparison", text=text),
+                html_page.Section("Replicates in run order", tables=[html_page.Table(header, rows)],
+                                    pictures=pictures)]
+    labels = analysis.labels
+    return html_page.write(out_dir, f"{title}: {labels[CANDIDATE]} against {labels[BASELINE]}",
+                             answer or (f"{verdict}; {change}" if change else verdict), sections)
 
 
 def plot_replicates(analysis: Analysis, path: Path) -> None:
@@ -110,7 +136,7 @@ def plot_replicates(analysis: Analysis, path: Path) -> None:
         ys = [math.exp(intercept + effect * (arm == CANDIDATE) + slope * (x - centre)) for x in xs]
         ax.plot(xs, ys, color=colour, linestyle="--", linewidth=1)
     ax.set_xlabel("run position")
-    ax.set_ylabel(f"$ per million output tokens, {BASIS_LABEL[analysis.basis]} (assumed price)")
+    ax.set_ylabel(f"$ per million output tokens\n{BASIS_LABEL[analysis.basis]} (assumed price)")
     ax.set_title(f"{analysis.verdict}: ratio {est.ratio:.3f} [{est.ci_low:.3f}, {est.ci_high:.3f}]")
     ax.legend()
     fig.tight_layout()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from throttle_sweep.measurement.cost import Price
+from throttle_sweep.report import html_page
 from throttle_sweep.stats.analysis import BASIS_LABEL
 from throttle_sweep.sweep.boundary import describe, ordered
 from throttle_sweep.sweep.driver import SweepResult
@@ -298,4 +300,28 @@ def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: 
             text.append(f"(pictures not drawn: {type(exc).__name__}: {exc})")
     path = out / "report.md"
     path.write_text("\n".join(text) + "\n")
+    pictures = [out / name for name in re.findall(r"\]\(([^)]+\.png)\)", "\n".join(text))]
+    page(out, result, price, max_preemptions, pictures)
     return path
+
+
+ANSWERS = ("winner (", "stopped before an answer", "no candidate was confirmed")  # the lines that answer the sweep
+
+
+def page(out: Path, result: SweepResult, price: Price, max_preemptions: int, pictures: list[Path]) -> Path:
+    """report.html: the answer, the trials as a table, the printout's other lines, the pictures."""
+    told = lines(result, price, max_preemptions)
+    versus = yardstick(result.study)
+    rows = [r for r in trial_rows(result.study) if r["duplicate_of"] is None]
+    cells = []
+    for r in rows:
+        usd, ratio, status = row_cells(r, versus)
+        cells.append((r["trial"], fmt_params(r["params"]), usd, ratio, r["verdict"], r["preemptions"], status))
+    trials = html_page.Table(("trial", "flags", "$/M", "ratio [CI]", "verdict", "preemptions", "status"), cells)
+    sections = [html_page.Section("Trials", tables=[trials]),
+                html_page.Section("The sweep", text=told[1 + len(rows):])]  # its table is the one above
+    if pictures:
+        sections.append(html_page.Section("Pictures", pictures=pictures))
+    answer = next((line for line in told if line.startswith(ANSWERS)), told[-1])
+    return html_page.write(out, f"sweep {result.study.study_name}", answer, sections)
+

@@ -5,11 +5,13 @@ same)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from throttle_sweep.capacity.rates import ALWAYS_MET, NEVER_MET
 from throttle_sweep.capacity.report import per_request_tokens, runs_words
 from throttle_sweep.capacity.steady import counted, summary_of
+from throttle_sweep.report import html_page
 from throttle_sweep.settings.goodput import GPU_TYPE
 from throttle_sweep.sweep.goodput.driver import BASELINE, Contender, GoodputSweep, best_attainment
 from throttle_sweep.sweep.goodput.front import EXTRA_REPLICAS, FleetPoint, fleet_points, pareto
@@ -241,3 +243,23 @@ def costed_summary(c: Costed, target: float | None) -> dict[str, Any]:
             "usd_per_mtok_ci": list(c.cost_ci), "gpus_per_replica": c.price.gpus,
             "usd_per_gpu_hour": c.price.usd_per_gpu_hour,
             **({"fleet": c.fleet(target)} if target is not None and c.rate else {})}
+
+
+ANSWERS = ("winner:", "no configuration", "no winner")  # the lines that answer a goodput sweep
+
+
+def page(out: Path, title: str, told: Sequence[str], summary: dict[str, Any], pictures: Sequence[Path]) -> Path:
+    """report.html of a goodput sweep: its lines, the screen and the confirmation as tables, its picture."""
+    answer = next((line for line in told if line.startswith(ANSWERS)), told[-1])
+    screen = [(s["config"], fmt_params(s["params"]), s["status"], s["capacity_rps"], s["usd_per_mtok"], s["runs"])
+              for s in summary["screen"]]
+    confirmed = [(c["config"], fmt_params(c["params"]), c["capacity_rps"], c["capacity_ci"],
+                  c["usd_per_mtok_at_capacity"], c["usd_per_mtok_ci"]) for c in summary["confirmed"]]
+    sections = [html_page.Section("The sweep", text=told), html_page.Section("Screen", tables=[html_page.Table(
+        ("config", "flags", "status", "capacity (req/s)", "$/M output tokens", "runs"), screen)])]
+    if confirmed:
+        sections.append(html_page.Section("Confirmed", tables=[html_page.Table(
+            ("config", "flags", "capacity (req/s)", "95% CI", "$/M output tokens at capacity", "95% CI"), confirmed)]))
+    if pictures:
+        sections.append(html_page.Section("Picture", pictures=pictures))
+    return html_page.write(out, title, answer, sections)
