@@ -12,9 +12,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from throttle_sweep.capacity import sweep_plot
 from throttle_sweep.capacity.runs import ClientTooSlow, measure_rate, met_of, run_line
 from throttle_sweep.capacity.sweep import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
-from throttle_sweep.capacity.sweep_plot import plot
 from throttle_sweep.capacity.sweep_report import answer, costed_of, fmt_params
 from throttle_sweep.commands.export import move_aside
 from throttle_sweep.gpu_types import make_typed_slots
@@ -85,8 +85,12 @@ def run(cfg: DictConfig, console: Console) -> int:
     say(f"summary: {r.out / 'summary.json'}")
     if r.plots:
         costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
-        plot([sweep.baseline, *sweep.trials], costed, r.capacity, r.out / "cost_vs_rate.png")
-        say(f"picture: {r.out / 'cost_vs_rate.png'} (cost against rate, capacities marked)")
+        try:
+            for words in sweep_plot.draw(r.out, [sweep.baseline, *sweep.trials], costed,
+                                         winner.label if winner else None, r.capacity):
+                say(f"picture: {words}")
+        except Exception as exc:  # a picture must not cost the sweep its export (as the cost sweep's report)
+            say(f"[yellow]pictures not drawn[/]: {type(exc).__name__}: {exc}")
     if winner is None:
         if (r.out / "best").exists():  # an earlier run's winner is not this one's answer
             say(f"no winner to export; the earlier export was moved to {move_aside(r.out / 'best')}")
