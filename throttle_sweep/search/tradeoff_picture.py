@@ -6,6 +6,8 @@
   set (here they are p95 limits: a trial's constraint is its runs' worst p95).
 - pareto.png: output tokens/s per GPU against per user, the front of the runs that kept every limit (no more
   preemptions than allowed, each p95 within its limit), the winner at the median of its runs (pareto.py).
+  Every run of a sweep carries the same concurrency, so per user and per GPU rise together and the front is
+  short: it shows the winner against the rest (vLLM's plot_pareto varies the concurrency to trace one).
 The baseline's runs, the winner's and every other configuration's are told apart; hollow: a limit broken."""
 
 from __future__ import annotations
@@ -119,4 +121,6 @@ def draw_pareto(ax: Any, runs: Sequence[Run], groups: Mapping[str, str]) -> None
                               True, won)
         best = (median, f"{won.removeprefix('the ')}: the median of its runs")
     pareto.draw(ax, [p for p, _ in points], groups, "kept every limit", best)
-    ax.set_title("each measured run; hollow: it broke a limit (preemptions or a p95)", fontsize=8)
+    ax.set_title("each measured run; hollow: it broke a limit (preemptions or a p95)\none concurrency for every run: "
+                 "per user and per GPU rise together, so the front is short (vLLM's varies the concurrency)",
+                 fontsize=8)
