@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -151,3 +152,15 @@ def test_a_run_without_a_tpot_p95_is_left_out_of_the_tpot_panel(swept, tmp_path)
     top, bottom = drawn["latency_vs_rate.png"].axes
     ttft, tpot = ([c for c in ax.collections if c.get_gid() == f"runs {winner}"][0] for ax in (top, bottom))
     assert len(tpot.get_offsets()) == len(ttft.get_offsets()) - 1
+
+
+def test_an_slo_on_ttft_alone_draws_no_tpot_limit(swept, tmp_path):
+    _, _, _, (out, contenders, costed, winner, settings), _, _ = swept
+    ttft_only = replace(settings, slo=replace(settings.slo, p95_tpot_s=None))
+    drawn = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(figures, "save", lambda fig, path: drawn.__setitem__(path.name, fig))
+        sweep_plot.draw(tmp_path, contenders, costed, winner, ttft_only)
+    top, bottom = drawn["latency_vs_rate.png"].axes
+    assert [ln.get_label() for ln in top.get_lines() if "limit" in ln.get_label()]
+    assert not [ln for ln in bottom.get_lines() if "limit" in ln.get_label()] and bottom.get_legend() is None

@@ -43,7 +43,8 @@ class Series:
             return f"{self.label}: no capacity"
         if not self.confirmed:
             return f"{self.label}: ~{self.capacity:.3g} req/s (screen)"
-        return f"{self.label}: {self.capacity:.3g} req/s, ${self.usd_per_mtok:.3g}/M"
+        cost = f", ${self.usd_per_mtok:.3g}/M" if self.usd_per_mtok is not None else ""
+        return f"{self.label}: {self.capacity:.3g} req/s{cost}"
 
 
 def series_of(contenders: Sequence[Contender], costed: Sequence[Costed]) -> list[Series]:
@@ -141,7 +142,8 @@ def draw_latency(axes: Sequence[Any], lines: Sequence[Series], settings: Capacit
         ax.set_ylabel(f"p95 {metric.upper()} (s, log; median over runs)")
     axes[0].legend(fontsize=7, loc="upper left")
     for ax in axes[1:]:  # the configurations are named once, above; here the limit alone
-        ax.legend(handles=[ln for ln in ax.get_lines() if "limit" in ln.get_label()], fontsize=7, loc="upper left")
+        if limits := [ln for ln in ax.get_lines() if "limit" in ln.get_label()]:
+            ax.legend(handles=limits, fontsize=7, loc="upper left")
     axes[0].set_xscale("log")
     figures.plain_log(axes[-1].xaxis)
     axes[-1].set_xlabel(RATE)
