@@ -100,7 +100,7 @@ def test_a_goodput_sweep_names_the_cheapest_flags_and_the_replicas_for_the_targe
 def test_a_rerun_measures_nothing_again_and_another_target_reads_the_same_runs(measured, tmp_path):
     shutil.copytree(measured[0] / "g", tmp_path / "g")
     assert run(tmp_path, "workload.target_rps=40")[0] == 0
-    assert not (tmp_path / "g" / "cost_vs_rate.png").exists()  # plots=false
+    assert not (tmp_path / "g" / "attainment_vs_rate.png").exists()  # plots=false
     records = len(read_records(tmp_path / "g" / "replicates.jsonl"))
     first = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
     code, said = run(tmp_path, "workload.target_rps=400")
@@ -108,7 +108,7 @@ def test_a_rerun_measures_nothing_again_and_another_target_reads_the_same_runs(m
     assert len(read_records(tmp_path / "g" / "replicates.jsonl")) == records
     again = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
     code, said = run(tmp_path, "workload.target_rps=400", "plots=true")  # the picture, from the same runs
-    assert code == 0 and (tmp_path / "g" / "cost_vs_rate.png").stat().st_size > 10_000, said
+    assert code == 0 and (tmp_path / "g" / "attainment_vs_rate.png").stat().st_size > 10_000, said
     assert again["capacity_rps"] == first["capacity_rps"]
     assert again["fleet"]["replicas"] == math.ceil(400 / again["capacity_rps"])
 

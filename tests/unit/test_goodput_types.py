@@ -21,6 +21,7 @@ from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands import goodput as goodput_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
 from throttle_sweep.errors import ConfigError
+from throttle_sweep.report import figures
 from throttle_sweep.store.records import read_records
 
 
@@ -46,7 +47,8 @@ def run(tmp_path, *args):
     return code, console.export_text()
 
 
-def test_the_answer_names_the_type_whose_goodput_costs_least_at_its_price_and_for_the_target(tmp_path, local_types):
+def test_the_answer_names_the_type_whose_goodput_costs_least_at_its_price_and_for_the_target(tmp_path, local_types,
+                                                                                            monkeypatch):
     """B steps 4x faster than A at 2.5x its price: per token B is the cheaper; for 30 req/s, two replicas of A
     (about 29 req/s each, $1/h) cost less than one of B ($2.5/h), read from the same runs."""
     code, said = run(tmp_path, "cost.prices={A: 1.0, B: 2.5}")
@@ -78,7 +80,9 @@ def test_the_answer_names_the_type_whose_goodput_costs_least_at_its_price_and_fo
     assert "gpu_type" not in yaml.safe_load((best / "vllm_config.yaml").read_text())
     assert "cost.usd_per_gpu_hour=2.5" in (best / "overrides.yaml").read_text()
 
-    code, said = run(tmp_path, "cost.prices={A: 1.0, B: 2.5}", "workload.target_rps=30")
+    drawn = {}
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.__setitem__(path.name, fig))
+    code, said = run(tmp_path, "cost.prices={A: 1.0, B: 2.5}", "workload.target_rps=30", "plots=true")
     assert len(read_records(tmp_path / "g" / "replicates.jsonl")) == len(records)  # nothing measured again
     cheapest = json.loads((tmp_path / "g" / "summary.json").read_text())["gpu_types"]
     winner = json.loads((tmp_path / "g" / "summary.json").read_text())["winner"]
@@ -87,6 +91,11 @@ def test_the_answer_names_the_type_whose_goodput_costs_least_at_its_price_and_fo
     for t in cheapest:
         c = cheapest[t]["cheapest"]
         assert c["fleet"]["usd_per_hour"] == pytest.approx(cheapest[t]["usd_per_gpu_hour"] * c["fleet"]["gpus"])
+    # the pictures name each configuration with its type, and star the winner (of type A for 30 req/s)
+    [ax] = drawn["attainment_vs_rate.png"].axes
+    named = {t.get_text().split(":")[0] for t in ax.get_legend().get_texts()}
+    assert {" on A", " on B"} <= {n[n.index(" on "):] for n in named if " on " in n}
+    assert f"winner {winner['config']} on A" in named
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -24,8 +24,8 @@ from throttle_sweep.store.lock import hold
 from throttle_sweep.store.provenance import claim_run_folder, overrides_for
 from throttle_sweep.store.records import RecordLog
 from throttle_sweep.sweep.export import export_best
+from throttle_sweep.sweep.goodput import plot as sweep_plot
 from throttle_sweep.sweep.goodput.driver import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
-from throttle_sweep.sweep.goodput.plot import plot
 from throttle_sweep.sweep.goodput.report import answer, costed_of, fmt_params, page
 
 SLOT_RETRIES = 2  # a run lost to its slot (a node died, a deadline passed) runs again this often, then the sweep stops
@@ -85,9 +85,13 @@ def run(cfg: DictConfig, console: Console) -> int:
     say(f"summary: {r.out / 'summary.json'}")
     if r.plots:
         costed = [costed_of(sweep, c, len(family)) for c in family if not c.failed]
-        plot([sweep.baseline, *sweep.trials], costed, r.capacity, r.out / "cost_vs_rate.png")
-        say(f"picture: {r.out / 'cost_vs_rate.png'} (cost against rate, capacities marked)")
-    pictures = [r.out / "cost_vs_rate.png"] if r.plots else []
+        try:
+            for words in sweep_plot.draw(r.out, [sweep.baseline, *sweep.trials], costed,
+                                         winner.label if winner else None, r.capacity):
+                say(f"picture: {words}")
+        except Exception as exc:  # a picture must not cost the sweep its export (as the cost sweep's report)
+            say(f"[yellow]pictures not drawn[/]: {type(exc).__name__}: {exc}")
+    pictures = [r.out / name for name in sweep_plot.PICTURES] if r.plots else []
     say(f"report: {page(r.out, f'goodput sweep {r.out.name}', lines, summary, pictures)}")
     if winner is None:
         if (r.out / "best").exists():  # an earlier run's winner is not this one's answer

@@ -118,7 +118,8 @@ def run_locked(run: SweepRun, console: Console) -> int:
              if (r.get("environment") or {}).get("device") == "twin"}
     if twins:
         say(gpu_time(log.records).text(", ".join(sorted(map(str, twins)))))
-    report = write_report(out, result, run.price, settings.max_preemptions, plots=run.plots)
+    report = write_report(out, result, run.price, settings.max_preemptions, plots=run.plots,
+                          latency_limits=settings.latency_limits)
     say(f"report: {report.with_suffix('.html')} (and {report.name})")
     if result.winner is None:
         study.set_user_attr("winner", None)  # an earlier run's winner is not this study's answer any more

@@ -289,13 +289,16 @@ def no_answer(result: SweepResult) -> str | None:
             f"ruled out; {again}")
 
 
-def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool) -> Path:
+def write_report(out: Path, result: SweepResult, price: Price, max_preemptions: int, *, plots: bool,
+                 latency_limits: Mapping[str, float | None] | None = None) -> Path:
     text = ["# Sweep report", "", "```", *lines(result, price, max_preemptions), "```", ""]
     if plots:
-        from throttle_sweep.sweep.picture import draw  # matplotlib only when pictures are drawn
+        from throttle_sweep.sweep import tradeoff_picture  # matplotlib only when pictures are drawn
+        from throttle_sweep.sweep.picture import draw
 
         try:
             text += draw(out, result, max_preemptions)
+            text += tradeoff_picture.draw(out, result, max_preemptions, latency_limits or {})
         except Exception as exc:  # a picture must not cost the sweep its report and its export
             text.append(f"(pictures not drawn: {type(exc).__name__}: {exc})")
     path = out / "report.md"
