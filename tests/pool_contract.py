@@ -34,7 +34,7 @@ class PoolContract:
 
     @pytest.fixture
     def made(self, tmp_path, pool_overrides) -> Iterator[tuple[Pool, dict[str, Any]]]:
-        from throttle_sweep.commands.sweep import make_pool
+        from throttle_sweep.cluster.open import make_pool
         from throttle_sweep.settings.sweep import load_sweep
 
         run = load_sweep(compose_cfg(*WORK, *pool_overrides, tmp_path=tmp_path))

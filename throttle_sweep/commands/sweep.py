@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
-from throttle_sweep.cluster.pool import Job, LocalPool
+from throttle_sweep.cluster.open import make_pool
+from throttle_sweep.cluster.pool import Job
 from throttle_sweep.cluster.signals import deferred, shielded, stop_on_sigterm
-from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.engines.base import engine_refusal
 from throttle_sweep.errors import ConfigError
@@ -234,30 +234,3 @@ def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: An
                   write=log.append, existing=log.records, settings=settings, grid=run.grid,
                   progress=progress, refusal=partial(engine_refusal, run.engine))
     return sweep, progress
-
-
-def make_pool(run: SweepRun, *, say: Callable[[str], None], starts: Sequence[tuple[str, Mapping[str, Any]]] = ()):
-    """This machine's slots (`slots`), or Ray actors (cluster/ray_pool.py) when ray.enabled."""
-    if run.ray is not None:
-        from throttle_sweep.cluster.ray_pool import make_ray_pool
-
-        return make_ray_pool(run.ray, run.engine, run.spec, run.price, engine_flags=run.measurement["engine"] or {},
-                             warm=run.warm, run_id=run.name, out=run.out, say=say, starts=starts)
-    count, why = run.local_slots
-    if count > 1:
-        say(f"{count} slots on this machine ({why}; slots=1 for one): each comparison runs all its replicates on "
-            "one slot, side by side with the others")
-    # a slot reads the environment where its engines run: the driver need not import vLLM
-    slots = [WarmSlot(run.engine, run.spec, run.price, run_id=run.name, name=f"local-{i}", **run.warm)
-             for i in range(count)]
-    for slot in slots:
-        slot.warm_up()
-    pool = LocalPool([slot.measure for slot in slots])
-
-    def close() -> None:
-        pool.close()
-        for slot in slots:
-            slot.close()  # a replicate under way on a slot's thread ends with its engine process
-        pool.join()
-
-    return pool, close
