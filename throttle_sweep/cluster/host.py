@@ -3,8 +3,8 @@ is imported once per process; an engine serves as many replicates as the restart
 default: see slot.py); and a crash (a segfault, an out-of-memory kill) takes down this process, never the
 driver.
 
-The child imports vLLM once (about 15 s on a small CPU); later engines in the same process start as fast as
-in the driver (about 1.6 s here). A lifetime ends when the flags change, the restart policy says so, or a
+The child imports vLLM once (seconds on a small CPU); later engines in the same process start as fast as in
+the driver (benchmarks/warm_engines.py). A lifetime ends when the flags change, the restart policy says so, or a
 replicate fails (the engine's state is then unknown). The child ends itself when its parent goes, however
 the parent went (SIGKILL included): it watches its parent's pid."""
 

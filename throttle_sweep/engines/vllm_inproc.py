@@ -243,7 +243,7 @@ _DEFERRING = threading.Lock()  # one deferral at a time: an overlapping one woul
 def collections_deferred() -> Iterator[None]:
     """vLLM's shutdown unfreezes the heap and collects all of it twice, about 0.4 s each with vLLM imported
     (some 750k objects); the collection after it does the same work once. Its start-up collections, once the
-    heap is frozen again, take milliseconds instead (an engine start here: 1.4 s -> 0.35 s). While deferred,
+    heap is frozen again, take milliseconds instead (benchmarks/warm_engines.py measures the start). While deferred,
     gc.collect is a no-op in every thread of this process: only the engine's own shutdown runs then."""
     with _DEFERRING:
         collect = gc.collect
