@@ -93,7 +93,13 @@ def test_an_slo_kept_at_every_rate_up_to_the_limit_says_so(tmp_path):
     (("slo.p95_ttft_s=-1",), "slo.p95_ttft_s must be a positive number"),
     (("slo.p95_ttft_s=1", "capacity.rate_start=0"), "capacity.rate_start must be a positive number"),
     (("slo.p95_ttft_s=1", "slo.attainment=1.5"), "slo.attainment"),
-    (("slo.p95_ttft_s=1", "capacity.knee_replicates=1"), "capacity.knee_replicates must be an integer >= 2"),
+    (("slo.p95_ttft_s=1", "capacity.knee_replicates=1"), "capacity.knee_replicates must be an even integer >= 2"),
+    # half the runs at a knee rate ascend, half descend, so that drift cancels (#46: 3 was accepted)
+    (("slo.p95_ttft_s=1", "capacity.knee_replicates=3"), "capacity.knee_replicates must be an even integer"),
+    # the rate is the user's, whatever the loop: named as such, never as a key the user did not set (#46)
+    (("slo.p95_ttft_s=1", "workload.rate=0"), "workload.rate must be a positive number"),
+    (("slo.p95_ttft_s=1", "workload.rate=-1"), "workload.rate must be a positive number"),
+    (("slo.p95_ttft_s=1", "workload=open_loop", "workload.rate=0"), "workload.rate must be a positive number"),
     (("slo.p95_ttft_s=1", "workload.num_requests=5"), "too few to tell a share"),
     (("slo.p95_ttft_s=1", "workload.num_requests=100", "capacity.run_s=0"), "capacity.run_s must be a positive"),
     # a fixed share dropped from every run proved nothing of steady state (#46 item 1): its replacement is named
@@ -103,6 +109,15 @@ def test_bad_input_is_refused_by_name_before_any_engine_starts(tmp_path, args, w
     with pytest.raises(ConfigError, match=words):
         run(tmp_path, "backend=fake", *args)
     assert not (tmp_path / "cap").exists()
+
+
+def test_two_runs_a_rate_are_warned_of_before_the_spend(tmp_path):
+    """With two runs a rate (1 df) no rate holds beyond doubt, not even one met by every request twice: said
+    before any run, as compare.replicates=2 is."""
+    code, said = run(tmp_path, *SMALL, *SLO, "capacity.knee_replicates=2", "plots=false")
+    first_run = said.index("req/s")
+    note = said.find("capacity.knee_replicates=2")
+    assert 0 <= note < first_run and "1 degree of freedom" in said[note:first_run], said[:first_run + 200]
 
 
 def test_a_misspelt_slo_key_is_named_with_the_nearest_valid_one():

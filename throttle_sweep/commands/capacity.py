@@ -43,6 +43,8 @@ def run(cfg: DictConfig, console: Console) -> int:
                     f"each rate (its own pace: {settings.trace_rps:.3g} req/s)")
         say(f"capacity of {flags} on {engine.name}: {slo.words()}; {arrivals}, each run's warm-up chosen from "
             f"its own requests (MSER-5) -> {log.path}")
+        for note in settings.notes:
+            say(f"[yellow]note[/]: {note}")
         if search.runs:
             say(f"resuming: {len(search.runs)} runs already measured")
         slot = WarmSlot(engine, spec, price, run_id=out.name, **r.warm)

@@ -34,6 +34,7 @@ class CapacitySettings:
     spec: WorkloadSpec  # an open loop; its rate is the first run's
     run_s: float
     trace_rps: float | None = None  # a trace's mean arrival rate at speed 1: a rate searched is a speed-up of it
+    notes: tuple[str, ...] = ()  # what runs but changes how to read the answer, said before the first run
 
     def at(self, rate: float, replicate: int = 0, scale: int = 1) -> dict[str, Any]:
         """The workload of a run at `rate`: arrivals spanning at least run_s, so that a fast rate still reaches
@@ -60,6 +61,10 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
     slo = Slo(**plain(cfg.slo))
     slo.check()
     c = plain(cfg.capacity)
+    if spec.rate is not None and not (isinstance(spec.rate, int | float) and math.isfinite(spec.rate)
+                                      and spec.rate > 0):
+        raise ConfigError(f"workload.rate must be a positive number of requests/s (the first rate a capacity "
+                          f"search runs), but got {spec.rate!r}; or leave it out (null)")
     start = c["rate_start"]
     if start is None:
         start = trace_rps or (spec.rate if spec.loop == "open" and spec.rate else 1.0)
@@ -72,9 +77,10 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
         raise ConfigError(f"capacity.rel_tol must be above 0 and at most 1, but got {c['rel_tol']!r}")
     if not isinstance(c["knee_rates"], int) or c["knee_rates"] < 3:
         raise ConfigError(f"capacity.knee_rates must be an integer >= 3, but got {c['knee_rates']!r}")
-    if not isinstance(c["knee_replicates"], int) or c["knee_replicates"] < 2:
-        raise ConfigError(f"capacity.knee_replicates must be an integer >= 2 (the runs at a rate say how "
-                          f"noisy it is), but got {c['knee_replicates']!r}")
+    if not isinstance(c["knee_replicates"], int) or c["knee_replicates"] < 2 or c["knee_replicates"] % 2:
+        raise ConfigError(f"capacity.knee_replicates must be an even integer >= 2 (the runs at a rate say how "
+                          f"noisy it is; half run in ascending order of rate, half descending, so that drift "
+                          f"cancels), but got {c['knee_replicates']!r}")
     if not c["knee_margin"] >= 0:
         raise ConfigError(f"capacity.knee_margin must be >= 0, but got {c['knee_margin']!r}")
     if c.get("settle_share") is not None:
@@ -92,8 +98,12 @@ def capacity_from(cfg: DictConfig, spec: WorkloadSpec) -> CapacitySettings:
     search = RateSearch(start=start, target=slo.attainment, rel_tol=c["rel_tol"], knee_rates=c["knee_rates"],
                         knee_replicates=c["knee_replicates"], knee_margin=c["knee_margin"], min_rate=low,
                         max_rate=high)
+    notes = () if c["knee_replicates"] != 2 else (
+        "capacity.knee_replicates=2: with 2 runs a rate the test of a rate has 1 degree of freedom (t = 12.7 at "
+        "95%), so no rate holds beyond doubt, not even one met by every request twice; the capacity is then "
+        "bounded from below at best: 4 or more runs a rate are advised",)
     return CapacitySettings(slo, search, replace(spec, loop="open", rate=start), float(c["run_s"]),
-                            trace_rps)
+                            trace_rps, notes)
 
 
 def mean_rate(spec: WorkloadSpec) -> float:
