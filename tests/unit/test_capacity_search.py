@@ -197,3 +197,23 @@ def test_four_of_the_fake_engines_runs_at_the_target_are_called_holds_less_often
     slack = 3 * math.sqrt(0.025 * 0.975 / n)
     assert holds < before and holds / n <= 2 * 0.025
     assert fails / n <= 0.025 + slack
+
+
+def test_knee_runs_that_kept_the_slo_at_every_rate_give_a_capacity_of_at_least_the_highest():
+    """A capacity above every knee rate is censored there, and mode=capacity says 'at least' as the goodput
+    sweep does (it said 'did not cross: no capacity to report'); one below every knee rate says 'below'."""
+    from throttle_sweep.capacity.report import sentences, summary
+    from throttle_sweep.measurement.cost import Price
+
+    slo = Slo(p95_ttft_s=1.0, attainment=0.9)
+    search = RateSearch(start=1.0, target=0.9)
+    kept = fit_knee([(r, 100, 100) for r in (2.0, 3.0, 4.0) for _ in range(4)], 0.9)
+    result = summary(search, kept, [], slo, Price())
+    assert result["capacity_rps"] == 4.0 and result["capacity_at_least"] is True
+    said = " ".join(sentences({**result, "status": FOUND}, search, slo))
+    assert "capacity: at least 4 req/s" in said and "did not cross" not in said
+    broke = fit_knee([(r, 10, 100) for r in (2.0, 3.0, 4.0) for _ in range(4)], 0.9)
+    result = summary(search, broke, [], slo, Price())
+    assert result["capacity_rps"] is None and not result.get("capacity_at_least")
+    said = " ".join(sentences(result, search, slo))
+    assert "capacity: below 2 req/s" in said

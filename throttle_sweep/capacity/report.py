@@ -37,8 +37,11 @@ def summary(search: RateSearch, knee: Knee | None, records: Sequence[Mapping[str
                            # single runs: the highest rate that kept the SLO, below the lowest that broke it
                            "bracket": [search.low, search.high]}
     if knee is not None:
-        point, low, high = (at_rate(x, tokens, slo, price) for x in (knee.capacity_rps, knee.low, knee.high))
-        out.update(capacity_rps=knee.capacity_rps, capacity_ci=[knee.low, knee.high],
+        # above every knee rate: censored at the highest, 'at least' (as the goodput sweep says it)
+        capacity = knee.capacity_rps if knee.capacity_rps is not None else knee.at_least
+        point, low, high = (at_rate(x, tokens, slo, price) for x in (capacity, knee.low, knee.high))
+        out.update(capacity_rps=capacity, capacity_at_least=knee.capacity_rps is None and capacity is not None,
+                   capacity_ci=[knee.low, knee.high],
                    goodput_tokens_per_s=point["goodput_tokens_per_s"],
                    goodput_ci=[low["goodput_tokens_per_s"], high["goodput_tokens_per_s"]],
                    usd_per_mtok_at_capacity=point["usd_per_mtok"],
@@ -62,24 +65,36 @@ def sentences(result: Mapping[str, Any], search: RateSearch, slo: Slo) -> list[s
         return [f"the SLO ({slo.words()}) held up to capacity.max_rate={search.max_rate:g} req/s: raise it"]
     cap, (low, high) = result.get("capacity_rps"), result.get("capacity_ci", [None, None])
     if cap is None:
-        return ["the knee runs did not cross the SLO's attainment: no capacity to report (see the rates above)"]
-    if low is not None and high is not None:
-        span = f"95% CI [{low:.3g}, {high:.3g}]"
-    elif low is not None:
-        span = f"above {low:.3g} with 95% confidence (no knee rate failed beyond doubt)"
-    elif high is not None:
-        span = f"below {high:.3g} with 95% confidence (no knee rate held beyond doubt)"
+        rates = [r["rate"] for r in result.get("rates") or []]
+        if not rates:
+            return ["no knee runs: no capacity to report (see the rates above)"]
+        return [f"capacity: below {min(rates):.3g} req/s (its knee runs missed the SLO's attainment at every rate, "
+                f"{min(rates):.3g} to {max(rates):.3g}); with {slo.words()}" + runs_words(result)]
+    if result.get("capacity_at_least"):
+        sure = f"beyond doubt up to {low:.3g}" if low is not None else "none beyond doubt"
+        lines = [f"capacity: at least {cap:.3g} req/s, its knee runs kept the SLO at every rate ({sure}): a wider "
+                 f"knee (capacity.knee_margin) finds where it breaks; with {slo.words()}" + runs_words(result)]
     else:
-        span = ("no 95% interval: no knee rate held or failed beyond doubt (more runs a rate, "
-                "capacity.knee_replicates, tell them apart)")
-    lines = [f"capacity: {cap:.3g} req/s, {span}; with {slo.words()}" + runs_words(result)]
+        lines = [f"capacity: {cap:.3g} req/s, {interval_words(low, high)}; with {slo.words()}" + runs_words(result)]
     if result.get("goodput_tokens_per_s"):
         lo, hi = result["usd_per_mtok_ci"]
-        lines.append(f"goodput at capacity: {result['goodput_tokens_per_s']:.4g} output tokens/s; "
-                     f"${result['usd_per_mtok_at_capacity']:.4g} per million output tokens"
+        least = "at least " if result.get("capacity_at_least") else ""  # and its cost at most
+        lines.append(f"goodput at capacity: {least}{result['goodput_tokens_per_s']:.4g} output tokens/s; "
+                     f"{'at most ' if least else ''}${result['usd_per_mtok_at_capacity']:.4g} per million output tokens"
                      + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else "")
                      + f" ({result['price']})")
     return lines
+
+
+def interval_words(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"95% CI [{low:.3g}, {high:.3g}]"
+    if low is not None:
+        return f"above {low:.3g} with 95% confidence (no knee rate failed beyond doubt)"
+    if high is not None:
+        return f"below {high:.3g} with 95% confidence (no knee rate held beyond doubt)"
+    return ("no 95% interval: no knee rate held or failed beyond doubt (more runs a rate, capacity.knee_replicates, "
+            "tell them apart)")
 
 
 def runs_words(result: Mapping[str, Any]) -> str:

@@ -107,7 +107,8 @@ def capacity_served(name: str, folder: Path, summary: Mapping[str, Any]) -> Serv
                           "to plan with")
     low, high = summary.get("capacity_ci") or (None, None)
     price = price_of(folder, summary)
-    return Served("its configuration", rate, low, high, price.gpus, price.usd_per_gpu_hour)
+    return Served("its configuration", rate, low, high, price.gpus, price.usd_per_gpu_hour,
+                  bool(summary.get("capacity_at_least")))
 
 
 def price_of(folder: Path, summary: Mapping[str, Any]) -> Price:
