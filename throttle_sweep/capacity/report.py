@@ -128,37 +128,58 @@ def page(out: Path, title: str, told: Sequence[str], result: Mapping[str, Any], 
 
 
 def plot(records: Sequence[Mapping[str, Any]], attain: Sequence[float], knee: Knee | None, slo: Slo,
-         path: Path) -> None:
-    """Attainment, and p95 TTFT and TPOT, against the rate (log scale); the target, and the capacity with
-    its interval shaded."""
-    import matplotlib
+         path: Path, what: str = "") -> None:
+    """Attainment, and the runs' p95 TTFT and TPOT, against the rate (log scale): the knee runs (the only ones
+    in the answer) filled, the bracket's and bisection's hollow; the pooled share per knee rate; the target;
+    the capacity and each end of its interval that the runs bound."""
+    from throttle_sweep.report import figures
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7.5, 6.5), constrained_layout=True)
+    import textwrap
 
-    rates = [r["workload"]["rate"] for r in records]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 6), constrained_layout=True)
-    top.scatter(rates, attain, s=18, color="tab:blue", label="a run")
+    fig.suptitle(textwrap.fill(f"capacity{f' of {what}' if what else ''}: {slo.words()}", 110), fontsize=8)
+    runs = [(r["workload"]["rate"], a, r) for r, a in zip(records, attain, strict=True)]
+    knee_runs = [x for x in runs if x[2].get("search_stage") == "knee"]
+    others = [x for x in runs if x[2].get("search_stage") != "knee"]
+    if knee_runs:
+        top.scatter([x[0] for x in knee_runs], [x[1] for x in knee_runs], s=18, color="tab:blue",
+                    label="a knee run (in the answer)")
+    if others:
+        top.scatter([x[0] for x in others], [x[1] for x in others], s=18, facecolors="none", edgecolors="grey",
+                    label="a bracket or bisection run (finds where to look)")
+    if knee is not None and knee.levels:
+        top.plot([lv.rate for lv in knee.levels], [lv.attainment for lv in knee.levels], color="tab:blue",
+                 linewidth=1, label="pooled share per knee rate")
     top.axhline(slo.attainment, color="grey", linestyle="--", label=f"target {slo.attainment:.0%}")
     top.set_ylabel("share of requests meeting the SLO")
     top.set_ylim(-0.02, 1.02)
-    ttft = [r["latency_s"]["ttft"]["p95"] for r in records]
-    tpot = [r["latency_s"]["tpot"]["p95"] for r in records]
-    bottom.scatter(rates, ttft, s=14, color="tab:orange", label="p95 TTFT")
-    bottom.scatter(rates, tpot, s=14, color="tab:green", marker="^", label="p95 TPOT")
-    for limit, color, name in ((slo.p95_ttft_s, "tab:orange", "TTFT"), (slo.p95_tpot_s, "tab:green", "TPOT")):
+    for metric, colour, marker, limit in (("ttft", "tab:orange", "o", slo.p95_ttft_s),
+                                          ("tpot", "tab:green", "^", slo.p95_tpot_s)):
+        for group, filled in ((knee_runs, True), (others, False)):
+            points = [(x[0], v) for x in group if (v := figures.p95(x[2], metric)) is not None]
+            if points:  # a run whose tokens came in one chunk has no TPOT
+                bottom.scatter(*zip(*points, strict=True), s=14, marker=marker, color=colour if filled else None,
+                               facecolors=colour if filled else "none", edgecolors=colour,
+                               label=f"p95 {metric.upper()}" if filled else None)
         if limit is not None:
-            bottom.axhline(limit, color=color, linestyle=":", label=f"{name} limit")
+            bottom.axhline(limit, color=colour, linestyle=":", label=f"{metric.upper()} limit (per request)")
     bottom.set_yscale("log")
-    bottom.set_ylabel("seconds")
+    bottom.set_ylabel("seconds (p95 of a run's requests)")
     bottom.set_xlabel("arrival rate (requests/s, log scale)")
     bottom.set_xscale("log")
-    if knee is not None and knee.capacity_rps is not None:
+    figures.plain_log(bottom.xaxis)
+    capacity = None if knee is None else (knee.capacity_rps if knee.capacity_rps is not None else knee.at_least)
+    if capacity is not None:
+        least = "at least " if knee.capacity_rps is None else ""
         for ax in (top, bottom):
             if knee.low is not None and knee.high is not None:
                 ax.axvspan(knee.low, knee.high, color="tab:red", alpha=0.12)
-            ax.axvline(knee.capacity_rps, color="tab:red", label=f"capacity {knee.capacity_rps:.3g} req/s")
-    top.legend(loc="lower left", fontsize=8)
-    bottom.legend(loc="upper left", fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            ax.axvline(capacity, color="tab:red", label=f"capacity {least}{capacity:.3g} req/s" if ax is top else None)
+            for end, name in ((knee.low, "held beyond doubt up to"), (knee.high, "failed beyond doubt from")):
+                if end is not None:
+                    ax.axvline(end, color="tab:red", linestyle="--", linewidth=1,
+                               label=f"95% interval: {name} {end:.3g}" if ax is top else None)
+    top.legend(loc="lower left", fontsize=7)
+    bottom.legend(loc="upper left", fontsize=7)
+    figures.save(fig, path)

@@ -71,14 +71,15 @@ def run(cfg: DictConfig, console: Console) -> int:
     told = sentences(result, search, slo)
     if settings.trace_rps is not None and result.get("capacity_rps") is not None:
         low, high = (x / settings.trace_rps if x is not None else None for x in result.get("capacity_ci", [None] * 2))
-        told.append(f"this trace, sped up {result['capacity_rps'] / settings.trace_rps:.3g} times, still meets the "
+        told.append(f"this trace, sped up {'at least ' if result.get('capacity_at_least') else ''}"
+                    f"{result['capacity_rps'] / settings.trace_rps:.3g} times, still meets the "
                     "SLO" + (f" (95% CI [{low:.3g}, {high:.3g}] times)" if low is not None and high is not None
                              else ""))
     for line in told:
         say(line)
     pictures = []
     if r.plots and ok:
-        plot(ok, [attainment_share(r, settings) for r in ok], knee, slo, out / "capacity.png")
+        plot(ok, [attainment_share(r, settings) for r in ok], knee, slo, out / "capacity.png", flag_words(flags))
         say(f"plot: {out / 'capacity.png'}")
         pictures.append(out / "capacity.png")
     say(f"summary: {out / 'summary.json'}")
