@@ -217,3 +217,25 @@ def test_knee_runs_that_kept_the_slo_at_every_rate_give_a_capacity_of_at_least_t
     assert result["capacity_rps"] is None and not result.get("capacity_at_least")
     said = " ".join(sentences(result, search, slo))
     assert "capacity: below 2 req/s" in said
+
+
+def test_each_run_at_a_rate_draws_its_own_prompts_and_the_kth_run_shares_them_across_rates(tmp_path):
+    """The k-th run at a rate draws its own prompts as well as its own arrivals (#46: every run repeated the
+    same prompts, so the interval missed their variance); the k-th run at every rate draws the same ones, so
+    rates differ in rate, not in what was asked."""
+    from dataclasses import replace
+
+    from tests.helpers import compose_cfg
+    from throttle_sweep.measurement.workload import make_requests
+    from throttle_sweep.settings.capacity import capacity_from
+    from throttle_sweep.settings.sections import workload_from
+
+    cfg = compose_cfg("mode=capacity", "backend=fake", "slo.p95_ttft_s=1", "workload.num_requests=40",
+                      "workload.length_dist=uniform", tmp_path=tmp_path)
+    settings = capacity_from(cfg, workload_from(cfg))
+
+    def prompts(rate, k):
+        return [r.prompt_token_ids or r.prompt_text for r in make_requests(replace(settings.spec, **settings.at(rate, k)))]
+
+    assert prompts(4.0, 0) != prompts(4.0, 1)
+    assert prompts(4.0, 1)[:40] == prompts(8.0, 1)[:40]

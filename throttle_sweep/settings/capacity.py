@@ -39,15 +39,16 @@ class CapacitySettings:
     def at(self, rate: float, replicate: int = 0, scale: int = 1) -> dict[str, Any]:
         """The workload of a run at `rate`: arrivals spanning at least run_s, so that a fast rate still reaches
         a steady queue (a fixed count would arrive at once and drain, whatever the engine's capacity). The
-        `replicate`-th run at a rate draws its own arrival schedule (the same prompts): which schedule a run
-        drew is part of its noise, which replicates that shared one would never show. A trace is replayed
+        `replicate`-th run at a rate draws its own arrival schedule and its own prompts (the same at every
+        rate): which schedule and prompts a run drew are part of its noise, which replicates sharing them would
+        never show. A trace is replayed
         whole, sped up to `rate` on average: its own arrival schedule, every replicate. `scale` lengthens a run
         whose steady state its length could not show (runs.measure_rate): the same schedule, run on longer."""
         if self.trace_rps is not None:
             return {"loop": "open", "rate": rate, "trace_speed": rate / self.trace_rps}
         return {"loop": "open", "rate": rate,
                 "num_requests": max(self.spec.num_requests, math.ceil(rate * self.run_s)) * scale,
-                "arrival_seed": self.spec.seed + replicate}
+                "seed": self.spec.seed + replicate, "arrival_seed": self.spec.seed + replicate}
 
 
 def positive(value: object, key: str) -> float:
