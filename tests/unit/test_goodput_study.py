@@ -51,7 +51,7 @@ def test_a_persistent_study_holds_the_trials_and_a_resume_goes_on_from_it(tmp_pa
     measure, calls = goodput_cmd.measure_rate, []
 
     def cut_short(*args, **kwargs):  # Ctrl-C in trial 1's rate search, after two of its runs
-        calls.append(args[2]["config"])
+        calls.append(args[3]["config"])
         if calls.count("trial 1") > 2:
             raise KeyboardInterrupt
         return measure(*args, **kwargs)
@@ -88,7 +88,7 @@ def test_a_persistent_study_holds_the_trials_and_a_resume_goes_on_from_it(tmp_pa
 def test_without_a_storage_the_study_is_in_memory_and_no_study_file_is_written(tmp_path):
     code, said = run(tmp_path)
     assert code in (0, 1), said
-    assert not list((tmp_path / "g").glob("*.db")) and "study: in memory" in said
+    assert not list((tmp_path / "g").glob("*.db")) and "study:" not in said
 
 
 @pytest.mark.parametrize(("setting", "words"), [("study.budget_usd=0.0000001", "dollar budget spent"),

@@ -96,7 +96,7 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     if family:
         where = ("interleaved in time across the GPU types' slots (costs on different types are absolute, "
                  "unpaired)" if sweep.prices else "interleaved on one slot")
-        lines.append(f"confirmed: fresh knee runs, {where}; 95% intervals adjusted for {len(family)} "
+        lines.append(f"confirmed: fresh knee runs, {where}; {1 - sweep.alpha:.0%} intervals adjusted for {len(family)} "
                      f"configurations (Bonferroni), so that they hold together{runs}")
         lines += [confirmed_line(c, target) for c in costed]
     if sweep.prices:
