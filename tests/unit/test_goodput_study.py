@@ -128,3 +128,12 @@ def test_compare_alpha_is_the_confirmations_family_wise_alpha(swept, tmp_path):
 
     assert all(width(b) <= width(a) for a, b in zip(at_05, at_50, strict=True))
     assert any(width(b) < width(a) for a, b in zip(at_05, at_50, strict=True))
+
+
+def test_a_grid_study_measures_the_grid_points_in_their_seeded_order(tmp_path):
+    from throttle_sweep.settings.goodput import load_goodput
+
+    points = load_goodput(compose_cfg(*TINY, "study.sampler=grid", tmp_path=tmp_path)).grid
+    code, said = run(tmp_path, "study.n_trials=3", "study.sampler=grid")
+    assert code in (0, 1), said
+    assert proposals(tmp_path / "g") == points[:3]

@@ -106,8 +106,7 @@ class GoodputSweep:
         if not study.trials:  # a new study; a resumed one has its queue already
             for gpu_type in self.prices or ():  # every priced type is tried first (its other knobs sampled)
                 study.enqueue_trial({GPU_TYPE: gpu_type})
-            for point in grid or ():  # sampler=grid: every point, in the order settings/sweep.grid_points shuffled
-                study.enqueue_trial(point)
+        self.grid = grid or []  # sampler=grid: every point, in the order settings/sweep.grid_points shuffled
         # the baseline's params: where it differs from the engine's flags the space's knobs are set on
         params = {k: v for k, v in baseline.items() if self.base.get(k) != v}
         if self.prices:
@@ -137,10 +136,21 @@ class GoodputSweep:
                 return
             self.tell(trial, self.contender_for(trial.number, trial.params, seen))
         while len(self.study.get_trials(deepcopy=False, states=FINISHED)) < self.n_trials:
+            self.enqueue_grid_point()
             if not self.may_start(self.next_number()):
                 return
             trial = self.study.ask(self.distributions)
             self.tell(trial, self.contender_for(trial.number, trial.params, seen))
+
+    def enqueue_grid_point(self) -> None:
+        """sampler=grid: the next point no trial has asked, enqueued just before the ask (as the cost sweep: no
+        waiting trials are left behind; the sampler fills in once every point is asked)."""
+        if not self.grid or self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return
+        asked = [t.params for t in self.study.get_trials(deepcopy=False)]
+        point = next((p for p in self.grid if p not in asked), None)
+        if point is not None:
+            self.study.enqueue_trial(point)
 
     def next_number(self) -> int:
         """The number of the trial `ask` gives next: the first enqueued one waiting, else a new one."""
