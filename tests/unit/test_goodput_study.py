@@ -13,8 +13,10 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import compose_cfg
+from throttle_sweep.commands import export as export_cmd
 from throttle_sweep.commands import goodput as goodput_cmd
 from throttle_sweep.commands import sweep as sweep_cmd
+from throttle_sweep.errors import ConfigError
 from throttle_sweep.store.records import read_records
 
 # a goodput sweep on the fake engine: a second or two a trial
@@ -83,6 +85,10 @@ def test_a_persistent_study_holds_the_trials_and_a_resume_goes_on_from_it(tmp_pa
         [r["workload"]["rate"] for r in before if r.get("config") == "trial 1"]
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert [s["params"] for s in summary["screen"][1:]] == [t.params for t in study.trials][: len(summary["screen"]) - 1]
+    # its export is best/, whatever study.storage holds: mode=export names it, never reads the study as a cost sweep's
+    with pytest.raises(ConfigError, match=r"goodput sweep.*best"):
+        export_cmd.run(compose_cfg("mode=export", "study.name=g", f"study.storage={storage}", tmp_path=tmp_path),
+                       Console())
 
 
 def test_without_a_storage_the_study_is_in_memory_and_no_study_file_is_written(tmp_path):
