@@ -1,6 +1,6 @@
 """What the goodput sweep does not do yet is said, never silently skipped (#47): mode=export and mode=analyze
-of its folder say what the folder holds and what to do, with a non-zero exit. (The study settings it once
-refused are honoured now: tests/unit/test_goodput_study.py.)"""
+of its folder say what the folder holds and what to do, with a non-zero exit. (The study settings it honours:
+tests/unit/test_goodput_study.py.)"""
 
 from __future__ import annotations
 
