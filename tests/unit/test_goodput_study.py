@@ -143,3 +143,11 @@ def test_a_grid_study_measures_the_grid_points_in_their_seeded_order(tmp_path):
     code, said = run(tmp_path, "study.n_trials=3", "study.sampler=grid")
     assert code in (0, 1), said
     assert proposals(tmp_path / "g") == points[:3]
+
+
+def test_a_storage_holding_a_cost_sweeps_study_of_that_name_is_refused_before_any_engine_starts(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    optuna.create_study(study_name="g", storage=storage).add_trial(optuna.trial.create_trial(value=1.0))
+    with pytest.raises(ConfigError, match=r"study 'g' in .*shared\.db holds another sweep's trials"):
+        run(tmp_path, f"study.storage={storage}")
+    assert not (tmp_path / "g" / "replicates.jsonl").exists()
