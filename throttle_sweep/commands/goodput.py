@@ -5,10 +5,13 @@ Settings are checked in settings/goodput.py before any engine starts."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import optuna
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
@@ -18,15 +21,18 @@ from throttle_sweep.cluster.ray_runtime import ClusterError
 from throttle_sweep.cluster.signals import shielded, stop_on_sigterm
 from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.commands.export import move_aside
+from throttle_sweep.errors import ConfigError
 from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput, without_type
 from throttle_sweep.settings.sweep import space_extremes
 from throttle_sweep.store.lock import hold
 from throttle_sweep.store.provenance import claim_run_folder, overrides_for
 from throttle_sweep.store.records import RecordLog
+from throttle_sweep.sweep.budget import spent_by
 from throttle_sweep.sweep.export import export_best
 from throttle_sweep.sweep.goodput import plot as sweep_plot
 from throttle_sweep.sweep.goodput.driver import BASELINE, CONFIRM, BaselineFailed, Contender, GoodputSweep
 from throttle_sweep.sweep.goodput.report import answer, costed_of, fmt_params, page
+from throttle_sweep.sweep.study import make_sampler, open_study
 
 SLOT_RETRIES = 2  # a run lost to its slot (a node died, a deadline passed) runs again this often, then the sweep stops
 
@@ -36,6 +42,7 @@ def run(cfg: DictConfig, console: Console) -> int:
     say = partial(console.print, highlight=False)
     with hold(r.out, what=f"study {r.out.name!r}"):
         claim_run_folder(r.out, r.config, "goodput")
+        study = open_goodput_study(r)  # before any engine starts: a storage that cannot be opened is refused
         OmegaConf.save(cfg, r.out / "config.yaml")
         log = RecordLog(r.out / "replicates.jsonl", say=say)
         slots, close = open_slots(r, say)
@@ -57,13 +64,17 @@ def run(cfg: DictConfig, console: Console) -> int:
                              met / counted >= r.capacity.slo.attainment, r.capacity))
             return record
 
+        previous = sum(t.state.is_finished() for t in study.trials)
         sweep = GoodputSweep(settings=r.capacity, distributions=r.distributions, base=r.base, baseline=r.baseline,
-                             price=r.price, n_trials=r.n_trials, confirm_top=r.confirm_top, seed=r.seed,
-                             existing=list(log.records), measure=measure, say=say, prices=r.prices,
+                             price=r.price, n_trials=r.n_trials, confirm_top=r.confirm_top,
+                             existing=list(log.records), measure=measure, say=say, study=study, alpha=r.alpha,
+                             spent=budget(r, log, time.monotonic()), grid=r.grid, prices=r.prices,
                              baseline_type=r.baseline_type)
         say(f"goodput sweep {r.out.name!r}: {', '.join(r.distributions)} over {r.n_trials} trials against the "
             f"baseline {fmt_params(sweep.baseline.params)}; {r.capacity.slo.words()}"
             + (f"; the traffic to serve: {r.target_rps:g} req/s" if r.target_rps else "") + f" -> {log.path}")
+        if r.storage is not None:  # else in memory: its seeded sampler proposes the same trials again
+            say(f"study: {r.storage}" + (f"; resuming: {previous} trials already in it" if previous else ""))
         try:
             with stop_on_sigterm():
                 sweep.screen()
@@ -78,6 +89,8 @@ def run(cfg: DictConfig, console: Console) -> int:
         finally:
             with shielded():
                 close()
+    if sweep.stopped_by is not None and (sweep.confirm_cut or not any(c.confirm_runs for c in family)):
+        return stopped_before_answer(r, sweep.stopped_by, log, say)
     lines, summary, winner = answer(sweep, family, r.target_rps)
     for line in lines:
         say(line)
@@ -99,6 +112,42 @@ def run(cfg: DictConfig, console: Console) -> int:
         return 1
     export(r, winner.params, summary["winner"], served_defaults(log.records, winner.label), say)
     return 0
+
+
+def budget(r: GoodputRun, log: RecordLog, began: float) -> Callable[[], str | None]:
+    """Why a budget stops the sweep now, or None: study.timeout_s since `began` (this run's, as the cost
+    sweep's), study.budget_usd over every record (with GPU types, each at its own type's price)."""
+    usd_per_gpu_hour = None if r.prices else r.price.usd_per_gpu_hour
+
+    def spent() -> str | None:
+        why = spent_by(began, log.records, timeout_s=r.timeout_s, budget_usd=r.budget_usd,
+                       usd_per_gpu_hour=usd_per_gpu_hour)
+        return why[2] if why is not None else None
+
+    return spent
+
+
+def stopped_before_answer(r: GoodputRun, why: str, log: RecordLog, say: Callable[[str], None]) -> int:
+    """A budget spent before the confirmation's runs were done: nothing is claimed (exit 3, as the cost sweep)."""
+    say(f"[bold yellow]stopped before an answer[/]: the budget ran out ({why}) before the confirmation's runs "
+        f"were done, so no capacity is confirmed and nothing is claimed; every run is kept in {log.path}; raise "
+        "study.timeout_s or study.budget_usd (or unset them) and run the same command again: it resumes")
+    if (r.out / "best").exists():  # an earlier run's winner is not this one's answer
+        say(f"the earlier export was moved to {move_aside(r.out / 'best')}")
+    return 3
+
+
+def open_goodput_study(r: GoodputRun) -> optuna.Study:
+    """Its study: at study.storage, created or loaded to resume (its sampler seeded anew for the trials it
+    holds); unset, in memory."""
+    study = open_study(r.out.name, r.storage, ["minimize"], make_sampler(r.sampler, r.seed, r.n_trials),
+                       unset="a study in memory (the records resume it)", objectives_from="a goodput sweep")
+    if study.trials and study.user_attrs.get("objective") != "goodput":
+        raise ConfigError(f"study {r.out.name!r} in {r.storage} holds another sweep's trials (a cost sweep's): "
+                          "choose another study.name")
+    study.set_user_attr("objective", "goodput")
+    study.sampler = make_sampler(r.sampler, r.seed, r.n_trials, offset=len(study.trials))
+    return study
 
 
 def open_slots(r: GoodputRun, say: Any) -> tuple[dict[str | None, Any], Any]:

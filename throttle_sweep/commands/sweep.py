@@ -9,18 +9,15 @@ from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
-import numpy as np
 import optuna
 from omegaconf import DictConfig
 from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 
 from throttle_sweep.cluster.open import make_pool
 from throttle_sweep.cluster.pool import Job
 from throttle_sweep.cluster.signals import deferred, shielded, stop_on_sigterm
 from throttle_sweep.commands.export import export_keeping_the_old, move_aside
 from throttle_sweep.engines.base import engine_refusal
-from throttle_sweep.errors import ConfigError
 from throttle_sweep.measurement import calibration
 from throttle_sweep.measurement.replicate import closing_notes
 from throttle_sweep.report.progress import Progress, progress_for
@@ -36,20 +33,13 @@ from throttle_sweep.sweep.driver import Sweep
 from throttle_sweep.sweep.gpu_time import gpu_time
 from throttle_sweep.sweep.report import baseline_words, lines, no_answer, write_report
 from throttle_sweep.sweep.runner import BaselineFails, SweepStopped
+from throttle_sweep.sweep.study import make_sampler as study_sampler
+from throttle_sweep.sweep.study import open_study as shared_open_study
 from throttle_sweep.sweep.trials import resume_key, same_yardstick
 
 
 def make_sampler(run: SweepRun, parallel: bool, offset: int = 0) -> optuna.samplers.BaseSampler:
-    seed = run.seed
-    if offset:  # a resumed study: a seed of its own, well mixed (nearby seeds can start alike)
-        seed = int(np.random.SeedSequence([seed, offset]).generate_state(1)[0])
-    if run.sampler == "tpe":
-        startup = max(3, min(10, run.settings.n_trials // 3))
-        # constraints (preemption, latency limits) reach the samplers through Trial.set_constraint (sweep/trials.py)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=parallel)
-    if run.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    return optuna.samplers.RandomSampler(seed=seed)  # random; grid: the sweep enqueues each point, this fills gaps
+    return study_sampler(run.sampler, run.seed, run.settings.n_trials, parallel=parallel, offset=offset)
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -187,25 +177,10 @@ def same_measurement(study: optuna.Study, now: Mapping[str, Any], *, measured: b
 
 def open_study(run: SweepRun) -> optuna.Study:
     """Create the study, or load it to resume; refused if its objectives differ from this run's."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep says what it opened, in its own words
-    name, storage, settings = run.name, run.storage, run.settings
-    directions = ["minimize", "minimize"] if settings.multi_objective else ["minimize"]
-    try:
-        study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True,
-                                    sampler=make_sampler(run, parallel=False))
-    except ValueError as exc:
-        raise ConfigError(f"study {name!r} in {storage} cannot be opened: {exc}") from exc
-    except (ImportError, OSError, SQLAlchemyError) as exc:  # no driver for the URL, a server that does not answer
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise ConfigError(f"study.storage={storage!r} cannot be opened ({type(exc).__name__}: {reason}); give an "
-                          "Optuna storage URL that works here (sqlite:///path/study.db, or a database this "
-                          "machine can reach with its driver installed), or leave study.storage unset for "
-                          "results/<study.name>/study.db") from None
-    if len(study.directions) != len(directions):
-        raise ConfigError(f"study {name!r} in {storage} has {len(study.directions)} objective(s), but "
-                          f"study.multi_objective={settings.multi_objective} needs {len(directions)}; "
-                          "choose another study.name")
-    return study
+    multi = run.settings.multi_objective
+    return shared_open_study(run.name, run.storage, ["minimize", "minimize"] if multi else ["minimize"],
+                             make_sampler(run, parallel=False), unset="results/<study.name>/study.db",
+                             objectives_from=f"study.multi_objective={multi}")
 
 
 def open_sweep(run: SweepRun, console: Console, study: optuna.Study, *, pool: Any, log: RecordLog

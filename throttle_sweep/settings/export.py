@@ -26,20 +26,24 @@ def load_export(cfg: DictConfig) -> ExportRun:
     if not cfg.study.name:
         raise ConfigError("mode=export needs study.name=NAME (the folder under results/)")
     name, out, storage = study_location(cfg)
+    if (words := goodput_words(name, out)) is not None:  # whatever study.storage holds: not a cost sweep's study
+        raise ConfigError(words)
     if cfg.study.storage is None and not (out / "study.db").is_file():
-        raise ConfigError(goodput_words(name, out) or f"study.name={name!r}: no study at {out / 'study.db'}")
+        raise ConfigError(f"study.name={name!r}: no study at {out / 'study.db'}")
     return ExportRun(name=name, folder=out, storage=storage,
                      composed=measured_sections(cfg, workload_from(cfg)), overrides=user_overrides())
 
 
 def goodput_words(name: str, out: Path) -> str | None:
-    """For a goodput sweep's folder (its config.yaml says study.objective=goodput), which keeps no study: what
-    the folder holds, and where its export is (best/, written by the sweep itself). None for any other."""
+    """For a goodput sweep's folder (its config.yaml says study.objective=goodput), whose study (in memory, or at
+    study.storage) is not exported from: what the folder holds, and where its export is (best/, written by the
+    sweep itself). None for any other."""
     saved = out / "config.yaml"
     if not saved.is_file() or OmegaConf.load(saved).get("study", {}).get("objective") != "goodput":
         return None
     held = [f for f in ("replicates.jsonl", "summary.json", "best") if (out / f).exists()]
-    head = (f"study.name={name!r} is a goodput sweep (study.objective=goodput in {saved}), which keeps no study; "
+    head = (f"study.name={name!r} is a goodput sweep (study.objective=goodput in {saved}), whose study "
+            f"mode=export does not read; "
             f"{out} holds {', '.join(held) or 'no records yet'}")
     best = out / "best"
     if best.is_dir():

@@ -16,7 +16,6 @@ from throttle_sweep.engines import Engine
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.settings.capacity import CapacitySettings, capacity_from
-from throttle_sweep.settings.schema import CompareConf, StudyConf
 from throttle_sweep.settings.sections import (
     arm_flags,
     engine_from,
@@ -24,25 +23,22 @@ from throttle_sweep.settings.sections import (
     plain,
     preflight,
     price_from,
-    user_overrides,
+    thresholds_from,
     warm_engines_from,
     workload_from,
 )
-from throttle_sweep.settings.sweep import space_extremes, space_file, space_name
+from throttle_sweep.settings.sweep import (
+    budgets_from,
+    grid_points,
+    sampler_from,
+    space_extremes,
+    space_file,
+    space_name,
+)
 from throttle_sweep.sweep.space import build_space
 
 OBJECTIVES = ("cost", "goodput")
 GPU_TYPE = "gpu_type"  # the knob cost.prices adds: a configuration's params name its type, its flags do not
-# settings the goodput sweep's own loop (sweep/goodput/driver.py) does not honour yet, and what it does instead: set to
-# anything but their defaults, they are refused, not silently ignored (the rule of settings/sections.py)
-NOT_HONOURED = {
-    "study.sampler": "its study is Optuna's TPE, seeded by study.seed",
-    "study.storage": "its study lives in memory, and its records (replicates.jsonl) resume it",
-    "study.timeout_s": "it runs each trial's rate search to its end: fewer study.n_trials spend less",
-    "study.budget_usd": "it runs each trial's rate search to its end: fewer study.n_trials spend less",
-    "compare.alpha": "its confirmed capacities are 95% intervals, Bonferroni-adjusted over the configurations "
-                     "confirmed",
-}
 
 
 def without_type(params: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +65,12 @@ class GoodputRun:
     prices: dict[str, float] | None = None  # GPU type -> USD per GPU-hour: the type is a knob (cluster/gpu_types.py)
     baseline_type: str | None = None
     ray: dict[str, Any] | None = None  # the ray group, when the types' slots are on Ray
+    sampler: str = "tpe"  # study.sampler: proposes the trials (sweep/study.make_sampler)
+    storage: str | None = None  # study.storage: a persistent study that resumes it; None: in memory
+    grid: list[dict[str, Any]] | None = None  # sampler=grid: every grid point, enqueued in a new study
+    timeout_s: float | None = None  # this run's wall time: no new trial, nor confirmation run, once spent
+    budget_usd: float | None = None  # every record's dollars at the assumed price: the same
+    alpha: float = 0.05  # compare.alpha: the confirmation's family-wise alpha (Bonferroni over the family)
 
 
 def objective_of(cfg: DictConfig) -> str:
@@ -87,23 +89,7 @@ def target_from(value: object) -> float | None:
     return float(value)
 
 
-def refuse_not_honoured(cfg: DictConfig) -> None:
-    """Each of NOT_HONOURED set to other than its default is refused by name, saying where it was set."""
-    defaults = {"study": StudyConf(), "compare": CompareConf()}
-    given = {o.lstrip("+~").split("=")[0] for o in user_overrides()}
-    for key, instead in NOT_HONOURED.items():
-        group, name = key.split(".")
-        value, default = cfg[group][name], getattr(defaults[group], name)
-        if value != default:
-            where = "on the command line" if key in given else "by the composed config (an experiment or group file)"
-            shown = "null" if default is None else default
-            raise ConfigError(f"{key}={value} (set {where}): the goodput sweep does not honour {key} yet ({instead}); "
-                              f"a setting it would ignore is refused: leave it at its default ({shown}) for "
-                              "study.objective=goodput")
-
-
 def load_goodput(cfg: DictConfig) -> GoodputRun:
-    refuse_not_honoured(cfg)  # first: nothing of this run may depend on a setting it would ignore
     if cfg.space is None:
         raise ConfigError("a goodput sweep needs a search space: add +space=batching (or your own)")
     if cfg.backend == "endpoint":
@@ -124,6 +110,7 @@ def load_goodput(cfg: DictConfig) -> GoodputRun:
     s = cfg.study
     if not isinstance(s.n_trials, int) or s.n_trials < 1:
         raise ConfigError(f"study.n_trials must be at least 1, but got {s.n_trials!r}")
+    sampler, (timeout_s, budget_usd), alpha = sampler_from(cfg), budgets_from(cfg), thresholds_from(cfg).alpha
     if not isinstance(s.confirm_top, int) or s.confirm_top < 1:
         raise ConfigError(f"study.confirm_top must be at least 1 (the winner is re-measured), but got "
                           f"{s.confirm_top!r}")
@@ -145,7 +132,10 @@ def load_goodput(cfg: DictConfig) -> GoodputRun:
                       distributions=distributions, target_rps=target, n_trials=s.n_trials, confirm_top=s.confirm_top,
                       seed=s.seed, warm=warm_engines_from(cfg), plots=bool(cfg.plots),
                       out=Path(cfg.results_dir) / name, config=plain(cfg), prices=prices,
-                      baseline_type=baseline_type, ray=plain(cfg.ray) if prices is not None else None)
+                      baseline_type=baseline_type, ray=plain(cfg.ray) if prices is not None else None,
+                      sampler=sampler, storage=s.storage,
+                      grid=grid_points(distributions, seed=s.seed) if sampler == "grid" else None,
+                      timeout_s=timeout_s, budget_usd=budget_usd, alpha=alpha)
 
 
 def prices_from(cfg: DictConfig) -> tuple[dict[str, float] | None, str | None]:

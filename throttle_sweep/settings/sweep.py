@@ -86,9 +86,7 @@ def load_sweep(cfg: DictConfig) -> SweepRun:
         distributions, clip_note = within_in_flight(distributions, in_flight(spec),
                                                     source=source)
     settings = replace(settings, boundary_knob=boundary_knob(cfg.study.boundary, distributions))
-    sampler = cfg.study.sampler
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {sampler!r}")
+    sampler = sampler_from(cfg)
     # Optuna's GridSampler stops the study from inside `tell`, which ask-and-tell loops cannot use: the sweep
     # enqueues each grid point itself (grid_points), and the sampler only fills gaps
     points = grid_points(distributions, seed=cfg.study.seed) if sampler == "grid" else None
@@ -141,6 +139,23 @@ def study_location(cfg: DictConfig) -> tuple[str, Path, str]:
     return name, out, storage
 
 
+def sampler_from(cfg: DictConfig) -> str:
+    """study.sampler, one of SAMPLERS (sweep/study.make_sampler builds it)."""
+    sampler = cfg.study.sampler
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {sampler!r}")
+    return sampler
+
+
+def budgets_from(cfg: DictConfig) -> tuple[float | None, float | None]:
+    """(study.timeout_s, study.budget_usd), each positive or null (sweep/budget.spent_by reads them)."""
+    s = cfg.study
+    for key in ("timeout_s", "budget_usd"):
+        if s[key] is not None and s[key] <= 0:
+            raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
+    return s.timeout_s, s.budget_usd
+
+
 def settings_from(cfg: DictConfig) -> SweepSettings:
     s = cfg.study
     for key in ("n_trials", "confirm_replicates"):
@@ -151,7 +166,8 @@ def settings_from(cfg: DictConfig) -> SweepSettings:
                           f"be an even number, or 0 for none, but got {s.tiebreak_replicates!r}")
     if s.confirm_top < 0 or s.max_preemptions < 0:
         raise ConfigError("study.confirm_top and study.max_preemptions must be >= 0")
-    for key in ("timeout_s", "budget_usd", "max_p95_ttft_s", "max_p95_tpot_s", "max_p95_itl_s"):
+    budgets_from(cfg)
+    for key in ("max_p95_ttft_s", "max_p95_tpot_s", "max_p95_itl_s"):
         if s[key] is not None and s[key] <= 0:
             raise ConfigError(f"study.{key} must be > 0 (or null), but got {s[key]!r}")
     if s.reference not in ("auto", "baseline"):

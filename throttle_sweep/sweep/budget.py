@@ -14,23 +14,33 @@ from throttle_sweep.sweep.runner import Runner, confirms_together
 from throttle_sweep.sweep.trials import engine_seconds
 
 
-def spent_usd(runner: Runner) -> float:
-    """Dollars every record so far cost at the assumed price, times the GPUs each was charged for."""
-    s = runner.settings
-    return sum(engine_seconds([r]) * (r.get("gpus") or 1) for r in runner.records) / 3600 * s.usd_per_gpu_hour
+def spent_usd(records: Sequence[Mapping[str, Any]], usd_per_gpu_hour: float | None) -> float:
+    """Dollars these records cost at the assumed price (None: each at the price it records), times the GPUs
+    each was charged for."""
+    return sum(engine_seconds([r]) * (r.get("gpus") or 1) / 3600
+               * (usd_per_gpu_hour if usd_per_gpu_hour is not None else r.get("usd_per_gpu_hour") or 0.0)
+               for r in records)
+
+
+def spent_by(began: float, records: Sequence[Mapping[str, Any]], *, timeout_s: float | None,
+             budget_usd: float | None, usd_per_gpu_hour: float | None) -> tuple[str, float, str] | None:
+    """(the key, its value, why in words) of a budget already spent: study.timeout_s since `began` (this run's
+    start, time.monotonic), or study.budget_usd over every record so far."""
+    if timeout_s is not None and time.monotonic() - began >= timeout_s:
+        return "study.timeout_s", timeout_s, f"wall-time budget of {timeout_s:g}s spent"
+    if budget_usd is not None:
+        usd = spent_usd(records, usd_per_gpu_hour)
+        if usd >= budget_usd:
+            return "study.budget_usd", budget_usd, (f"dollar budget spent (${usd:.4f} of ${budget_usd:g} at "
+                                                    "the assumed price)")
+    return None
 
 
 def spent(runner: Runner) -> tuple[str, float, str] | None:
-    """(the key, its value, why in words) of a budget already spent: study.timeout_s or study.budget_usd."""
+    """A budget of the cost sweep's already spent (spent_by)."""
     s = runner.settings
-    if s.timeout_s is not None and time.monotonic() - runner.began >= s.timeout_s:
-        return "study.timeout_s", s.timeout_s, f"wall-time budget of {s.timeout_s:g}s spent"
-    if s.budget_usd is not None:
-        usd = spent_usd(runner)
-        if usd >= s.budget_usd:
-            return "study.budget_usd", s.budget_usd, (f"dollar budget spent (${usd:.4f} of ${s.budget_usd:g} at "
-                                                      "the assumed price)")
-    return None
+    return spent_by(runner.began, runner.records, timeout_s=s.timeout_s, budget_usd=s.budget_usd,
+                    usd_per_gpu_hour=s.usd_per_gpu_hour)
 
 
 def budget_left(runner: Runner, plan: Plan | None) -> str | None:
@@ -49,7 +59,7 @@ def budget_left(runner: Runner, plan: Plan | None) -> str | None:
                     f"confirmation up to about {plan.confirm_s:.0f} s, more than the {s.timeout_s - elapsed:.0f} s "
                     f"left of study.timeout_s={s.timeout_s:g}")
     if s.budget_usd is not None and plan is not None:
-        usd = spent_usd(runner)
+        usd = spent_usd(runner.records, s.usd_per_gpu_hour)
         if usd + plan.per_trial_usd + plan.confirm_usd > s.budget_usd:
             return (f"dollar budget: a comparison costs up to about ${plan.per_trial_usd:.4f} and the confirmation "
                     f"up to about ${plan.confirm_usd:.4f}, more than is left (${usd:.4f} of ${s.budget_usd:g} "

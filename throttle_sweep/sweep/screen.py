@@ -21,6 +21,7 @@ from throttle_sweep.sweep.probes import close_beyond_boundary
 from throttle_sweep.sweep.refusals import refused, tell_refused
 from throttle_sweep.sweep.runner import BaselineFails, Comparison, Runner
 from throttle_sweep.sweep.state import StudyView
+from throttle_sweep.sweep.study import left_running
 from throttle_sweep.sweep.trials import (
     broken_constraints,
     leader,
@@ -64,8 +65,7 @@ class Screen:
 
     def take_over(self) -> list[optuna.trial.Trial]:
         """Trials an earlier driver left RUNNING (killed, interrupted, or out of slots): this run owns them now."""
-        stale = self.view.trials(TrialState.RUNNING)
-        trials = [optuna.trial.Trial(self.view.study, t._trial_id) for t in stale]  # noqa: SLF001 - no public way
+        trials = left_running(self.view.study)
         self.view.open.update({t.number: t for t in trials})
         return trials
 

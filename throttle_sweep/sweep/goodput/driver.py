@@ -16,8 +16,11 @@ With GPU types (`cost.prices`), the type is one more knob: every type is tried f
 its type's slot (cluster/gpu_types.py), and each type's cheapest is confirmed too. Runs on different types cannot be
 paired; interleaving them in time still spreads drift over all of them.
 
-Every run is recorded as it comes. The same command again replays the records (the sampler is seeded, each
-rate search is deterministic given its runs) and goes on where they end."""
+Every run is recorded as it comes. The same command again replays the records (each rate search is
+deterministic given its runs) and goes on where they end. Its study (sweep/study.py): in memory, its seeded
+sampler proposes the same trials again; at study.storage, the trials it holds are rebuilt from it, one an
+interrupted run left open is taken over, and only the rest are proposed. A spent budget (study.timeout_s,
+study.budget_usd: sweep/budget.spent_by) starts no new trial and no new confirmation run."""
 
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.settings.capacity import CapacitySettings
 from throttle_sweep.settings.goodput import GPU_TYPE, without_type
+from throttle_sweep.sweep.study import left_running
 
 SCREEN, CONFIRM = "goodput-screen", "goodput-confirm"
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 BASELINE = "baseline"
 # confirmation pass p draws arrival schedule CONFIRM_SCHEDULES + p: a range of its own, far beyond the replicate
 # indices a screen's rate search reaches, so that the luck a configuration was selected on is not re-run
@@ -80,10 +85,15 @@ Measure = Callable[[Contender, float, str, str, int], dict[str, Any]]
 
 class GoodputSweep:
     def __init__(self, *, settings: CapacitySettings, distributions: Mapping[str, Any], base: Mapping[str, Any],
-                 baseline: Mapping[str, Any], price: Price, n_trials: int, confirm_top: int, seed: int,
+                 baseline: Mapping[str, Any], price: Price, n_trials: int, confirm_top: int,
                  existing: list[dict[str, Any]], measure: Measure, say: Callable[[str], None],
-                 prices: Mapping[str, float] | None = None, baseline_type: str | None = None) -> None:
+                 study: optuna.Study, alpha: float = 0.05, spent: Callable[[], str | None] = lambda: None,
+                 grid: list[dict[str, Any]] | None = None, prices: Mapping[str, float] | None = None,
+                 baseline_type: str | None = None) -> None:
         self.settings, self.distributions, self.base = settings, dict(distributions), dict(base)
+        self.alpha, self.spent = alpha, spent  # spent(): why a budget stops it now, or None
+        self.stopped_by: str | None = None  # why a budget stopped it before its trials or its confirmation were done
+        self.confirm_cut = False  # the confirmation stopped before its runs were done
         self.prices = dict(prices) if prices else None
         self.price, self.n_trials, self.confirm_top, self.say = price, n_trials, confirm_top, say
         self.measure_run = measure
@@ -92,11 +102,11 @@ class GoodputSweep:
             # a void run was run again; one the shutdown cut short (infrastructure) is run again now
             if r.get("stage") in (SCREEN, CONFIRM) and not r.get("void") and not r.get("infrastructure"):
                 self.recorded.setdefault((r["stage"], r.get("config")), []).append(r)
-        startup = max(3, min(10, n_trials // 3))
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup))
-        for gpu_type in self.prices or ():  # every priced type is tried first (its other knobs sampled)
-            self.study.enqueue_trial({GPU_TYPE: gpu_type})
+        self.study = study
+        if not study.trials:  # a new study; a resumed one has its queue already
+            for gpu_type in self.prices or ():  # every priced type is tried first (its other knobs sampled)
+                study.enqueue_trial({GPU_TYPE: gpu_type})
+        self.grid = grid or []  # sampler=grid: every point, in the order settings/sweep.grid_points shuffled
         # the baseline's params: where it differs from the engine's flags the space's knobs are set on
         params = {k: v for k, v in baseline.items() if self.base.get(k) != v}
         if self.prices:
@@ -119,21 +129,66 @@ class GoodputSweep:
         if self.baseline.failed:
             raise BaselineFailed(f"the baseline failed: {self.baseline.failed}; every run so far is kept")
         seen = {flags_key({**self.baseline.flags, GPU_TYPE: self.baseline.gpu_type}): self.baseline}
-        for number in range(self.n_trials):
+        for done in self.study.get_trials(deepcopy=False, states=FINISHED):  # a resumed study: told already
+            self.contender_for(done.number, done.params, seen)
+        for trial in left_running(self.study):  # an interrupted run's: its own params, its runs replayed
+            if not self.may_start(trial.number):
+                return
+            self.tell(trial, self.contender_for(trial.number, trial.params, seen))
+        while len(self.study.get_trials(deepcopy=False, states=FINISHED)) < self.n_trials:
+            self.enqueue_grid_point()
+            if not self.may_start(self.next_number()):
+                return
             trial = self.study.ask(self.distributions)
-            flags = {**self.base, **without_type(trial.params)}
-            key = flags_key({**flags, GPU_TYPE: trial.params.get(GPU_TYPE)})
-            earlier = seen.get(key)
-            c = earlier if earlier is not None else self.contender(f"trial {number}", dict(trial.params), flags)
-            if earlier is None:
-                self.search_one(c)
-                seen[key] = c
-                self.trials.append(c)
-            rate = c.screen_rate()
-            if c.failed:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            else:  # an SLO never kept costs more than at min_rate: TPE learns from that, not from a FAIL it skips
-                self.study.tell(trial, self.usd_per_mtok(c, rate or c.search.min_rate))
+            self.tell(trial, self.contender_for(trial.number, trial.params, seen))
+
+    def enqueue_grid_point(self) -> None:
+        """sampler=grid: the next point no trial has asked, enqueued just before the ask (as the cost sweep: no
+        waiting trials are left behind; the sampler fills in once every point is asked)."""
+        if not self.grid or self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return
+        asked = [t.params for t in self.study.get_trials(deepcopy=False)]
+        point = next((p for p in self.grid if p not in asked), None)
+        if point is not None:
+            self.study.enqueue_trial(point)
+
+    def next_number(self) -> int:
+        """The number of the trial `ask` gives next: the first enqueued one waiting, else a new one."""
+        waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        return min((t.number for t in waiting), default=len(self.study.trials))
+
+    def may_start(self, number: int) -> bool:
+        """Whether trial `number` may start: one whose runs are recorded is read again; a new one only if no
+        budget is spent (said once, then the screen stops)."""
+        if (SCREEN, f"trial {number}") in self.recorded or (why := self.spent()) is None:
+            return True
+        self.stopped_by = why
+        self.say(f"screen: stops here, {why}")
+        return False
+
+    def contender_for(self, number: int, params: dict[str, Any], seen: dict[str, Contender]) -> Contender:
+        """Trial `number`'s configuration, its rate search run (replayed where recorded); one already searched
+        (the same flags on the same GPU type) is that one."""
+        flags = {**self.base, **without_type(params)}
+        key = flags_key({**flags, GPU_TYPE: params.get(GPU_TYPE)})
+        if (earlier := seen.get(key)) is not None:
+            return earlier
+        c = self.contender(f"trial {number}", dict(params), flags)
+        self.search_one(c)
+        seen[key] = c
+        self.trials.append(c)
+        return c
+
+    def tell(self, trial: optuna.trial.Trial, c: Contender) -> None:
+        """The study is told its cost per million output tokens at its estimated capacity, and keeps what it was."""
+        rate = c.screen_rate()
+        trial.set_user_attr("config", c.label)
+        trial.set_user_attr("status", c.failed or c.search.status)
+        trial.set_user_attr("capacity_rps", rate)
+        if c.failed:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:  # an SLO never kept costs more than at min_rate: TPE learns from that, not from a FAIL it skips
+            self.study.tell(trial, self.usd_per_mtok(c, rate or c.search.min_rate))
 
     def usd_per_mtok(self, c: Contender, rate: float) -> float:
         return at_rate(rate, per_request_tokens(c.records) or 1.0, self.settings.slo, c.price)["usd_per_mtok"]
@@ -182,6 +237,10 @@ class GoodputSweep:
         for c, rate, schedule in order:
             if c.failed:
                 continue
+            if not replay[c.label] and (why := self.spent()) is not None:
+                self.stopped_by, self.confirm_cut = why, True
+                self.say(f"confirmation: stops here, {why}")
+                return
             record = replayed(replay[c.label], c, rate, self.settings.at(rate, schedule)["arrival_seed"]) \
                 if replay[c.label] else self.measure_run(c, rate, CONFIRM, "confirm", schedule)
             if record.get("status") != "ok":
@@ -206,9 +265,10 @@ class GoodputSweep:
         return own + above[:1]
 
     def knee_of(self, c: Contender, family: int, one_sided: bool = False) -> Knee:
-        """Its confirmed capacity, each side at alpha / (2 x family); `one_sided`: at alpha / family a side,
-        for the claim against the baseline, which reads one side of each (pick.cheaper_beyond_doubt)."""
-        alpha = 0.05 / max(1, family)
+        """Its confirmed capacity, each side at alpha / (2 x family) (alpha: compare.alpha); `one_sided`: at
+        alpha / family a side, for the claim against the baseline, which reads one side of each
+        (pick.cheaper_beyond_doubt)."""
+        alpha = self.alpha / max(1, family)
         return fit_knee(c.confirm_runs, self.settings.slo.attainment, alpha=2 * alpha if one_sided else alpha)
 
 

@@ -22,6 +22,7 @@ class Costed:
     tokens: float  # output tokens per request
     attainment: float  # the SLO's share: goodput counts the requests that meet it
     claim: Knee | None = None  # the same runs one-sided at alpha / (family) a side: the claim against the baseline
+    confidence: float = 0.95  # 1 - alpha (compare.alpha): the family's, which its intervals hold together at
 
     def usd_per_mtok(self, rate: float | None) -> float | None:
         """Per million output tokens of requests meeting the SLO, one replica serving `rate`."""

@@ -43,7 +43,8 @@ def screen_line(sweep: GoodputSweep, c: Contender) -> str:
 
 def costed_of(sweep: GoodputSweep, c: Contender, family: int) -> Costed:
     return Costed(c.label, c.params, c.price, sweep.knee_of(c, family), per_request_tokens(c.records),
-                  sweep.settings.slo.attainment, claim=sweep.knee_of(c, family, one_sided=True))
+                  sweep.settings.slo.attainment, claim=sweep.knee_of(c, family, one_sided=True),
+                  confidence=1 - sweep.alpha)
 
 
 def confirmed_line(c: Costed, target: float | None, head: str | None = None) -> str:
@@ -75,9 +76,9 @@ def capacity_words(c: Costed) -> str:
 
 def fleet_words(c: Costed, target: float) -> str:
     fleet = c.fleet(target)
-    sure = (f"{fleet['replicas_sure']} to keep the SLO with 95% confidence (${fleet['usd_per_hour_sure']:.4g}/h, "
-            "its capacity's lower bound)" if fleet["replicas_sure"] else
-            "how many keep it with 95% confidence is open: no knee rate held beyond doubt")
+    sure = (f"{fleet['replicas_sure']} to keep the SLO with {c.confidence:.0%} confidence "
+            f"(${fleet['usd_per_hour_sure']:.4g}/h, its capacity's lower bound)" if fleet["replicas_sure"] else
+            f"how many keep it with {c.confidence:.0%} confidence is open: no knee rate held beyond doubt")
     n = fleet["replicas"]
     return (f"for {target:g} req/s: {n} replica{'s' if n != 1 else ''} at the capacity estimate "
             f"(${fleet['usd_per_hour']:.4g}/h, {c.price.gpus} GPU{'s' if c.price.gpus > 1 else ''} each), {sure}")
@@ -96,7 +97,7 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     if family:
         where = ("interleaved in time across the GPU types' slots (costs on different types are absolute, "
                  "unpaired)" if sweep.prices else "interleaved on one slot")
-        lines.append(f"confirmed: fresh knee runs, {where}; 95% intervals adjusted for {len(family)} "
+        lines.append(f"confirmed: fresh knee runs, {where}; {1 - sweep.alpha:.0%} intervals adjusted for {len(family)} "
                      f"configurations (Bonferroni), so that they hold together{runs}")
         lines += [confirmed_line(c, target) for c in costed]
     if sweep.prices:
@@ -105,7 +106,7 @@ def answer(sweep: GoodputSweep, family: Sequence[Contender], target: float | Non
     winner, tied = pick([c for c in costed if c.label != BASELINE], target)
     price = (", ".join(f"{t} ${usd:g}/GPU-hour" for t, usd in sweep.prices.items()) + " (assumed)" if sweep.prices
              else sweep.price.label())
-    summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": price,
+    summary: dict[str, Any] = {"slo": vars(slo), "target_rps": target, "price": price, "alpha": sweep.alpha,
                                "screen": [screen_summary(sweep, c) for c in [sweep.baseline, *sweep.trials]],
                                "confirmed": [costed_summary(c, target) for c in costed]}
     if target is not None:
@@ -258,8 +259,9 @@ def page(out: Path, title: str, told: Sequence[str], summary: dict[str, Any], pi
     sections = [html_page.Section("The sweep", text=told), html_page.Section("Screen", tables=[html_page.Table(
         ("config", "flags", "status", "capacity (req/s)", "$/M output tokens", "runs"), screen)])]
     if confirmed:
+        ci = f"{1 - summary.get('alpha', 0.05):.0%} CI"
         sections.append(html_page.Section("Confirmed", tables=[html_page.Table(
-            ("config", "flags", "capacity (req/s)", "95% CI", "$/M output tokens at capacity", "95% CI"), confirmed)]))
+            ("config", "flags", "capacity (req/s)", ci, "$/M output tokens at capacity", ci), confirmed)]))
     if pictures:
         sections.append(html_page.Section("Picture", pictures=pictures))
     return html_page.write(out, title, answer, sections)
