@@ -40,7 +40,7 @@ def test_the_dollar_budget_counts_every_gpu_a_record_was_charged_for():
     from throttle_sweep.sweep.driver import Sweep
     from throttle_sweep.sweep.options import SweepSettings
 
-    hour_on = [{"wall_s": 1800.0, "gpus": 2}, {"wall_s": 1800.0, "gpus": 2}]  # two engine half-hours on 2 GPUs each
+    hour_on = [{"wall_s": 1800.0, "gpus": 2, "status": "ok"}, {"wall_s": 1800.0, "gpus": 2, "status": "ok"}]  # two engine half-hours on 2 GPUs each
     settings = SweepSettings(n_trials=10, budget_usd=1.5, usd_per_gpu_hour=1.0)
     sweep = Sweep(study=optuna.create_study(), distributions={}, base_flags={}, baseline_flags={}, workload_key={},
                   pool=LocalPool(lambda *a: {}), write=lambda r: None, existing=hour_on, settings=settings)

@@ -13,7 +13,7 @@ from throttle_sweep.cluster.signals import deferred
 from throttle_sweep.cluster.slot import WarmSlot
 from throttle_sweep.measurement.replicate import BEHIND_S, p95_text
 from throttle_sweep.settings.capacity import CapacitySettings
-from throttle_sweep.store.records import RecordLog
+from throttle_sweep.store.records import RecordLog, is_ok
 
 MAX_VOID = 3  # runs at one rate that fell behind their schedule, in a row: the client cannot offer that rate
 
@@ -23,7 +23,7 @@ class ClientTooSlow(Exception):
 
 
 def usable(record: Mapping[str, Any], stage: str) -> bool:
-    return record.get("stage") == stage and record.get("status") == "ok" and not record.get("void")
+    return record.get("stage") == stage and is_ok(record) and not record.get("void")
 
 
 def measure_rate(slot: WarmSlot, flags: Mapping[str, Any], rate: float, context: Mapping[str, Any], log: RecordLog,
@@ -37,10 +37,10 @@ def measure_rate(slot: WarmSlot, flags: Mapping[str, Any], rate: float, context:
                                                                                  else {})},
                               workload=settings.at(rate, replicate, scale=2 if longer else 1))
         behind = (record.get("lateness_s") or {}).get("beyond_steps_p99") or 0.0
-        if record["status"] == "ok" and behind > max(BEHIND_S, 0.05 * (settings.slo.p95_ttft_s or 0.0)):
+        if is_ok(record) and behind > max(BEHIND_S, 0.05 * (settings.slo.p95_ttft_s or 0.0)):
             record["void"] = (f"the client fell behind its arrival schedule (p99 {behind * 1e3:.0f} ms beyond "
                               "the engine's steps): the run says nothing of the engine")
-        elif record["status"] == "ok" and (why := undecided(record, settings.slo)):
+        elif is_ok(record) and (why := undecided(record, settings.slo)):
             record["void"] = longer = why
         with deferred():
             log.append(record)

@@ -29,6 +29,7 @@ from throttle_sweep.measurement.cost import Price
 from throttle_sweep.measurement.energy import meter_for
 from throttle_sweep.measurement.replicate import measure_on, now_iso
 from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import is_ok
 
 PARENT_POLL_S = 0.2  # how soon an orphaned engine process notices and ends itself
 ENGINE_WARMUPS = ("first", "every", "none")
@@ -310,7 +311,7 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
             life.warmup_s = session.now() - began
             record["engine_warmup_s"] = life.warmup_s
             life.warm = True
-            if warm["status"] != "ok":
+            if not is_ok(warm):
                 record.update(status="failed", reason=f"the engine's warm-up run failed: {warm['reason']}",
                               failed_at=warm.get("failed_at", "run"), ended_at=now_iso())
                 close_quietly(life, record)
@@ -335,7 +336,7 @@ def run_task(engine: Engine, spec: WorkloadSpec, price: Price, task: Task, life:
     measure_on(life.session, task.flags, spec, price, record, cold=not life.warm,
                energy=meter_for(engine.name, task.flags))
     life.warm = True
-    live = record["status"] == "ok" and task.keep
+    live = is_ok(record) and task.keep
     record["engine_lifetime"] = {"id": life.id, "replicate": life.runs, "pid": os.getpid(), "start_s": life.start_s,
                                  "warmup_s": life.warmup_s, "live": live,
                                  # the GPUs this engine (and vLLM's own workers, its children) can see

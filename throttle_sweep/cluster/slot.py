@@ -24,6 +24,7 @@ from throttle_sweep.errors import ConfigError, refused_for_memory
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.measurement.replicate import failed_record, record_header
 from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import is_ok
 
 RESTART_POLICIES = ("never", "per_replicate", "every_k")
 SIZED_BY = ("kv_cache_memory_bytes", "num_gpu_blocks_override")  # flags that size the KV cache whatever else runs
@@ -142,7 +143,7 @@ class WarmSlot:
             record = host.measure(task)
         except EngineProcessDied as exc:
             return self._lost(host, header, exc)
-        if alone and pin is None and record["status"] == "ok" and (got := record["engine_lifetime"].get("kv_pin")):
+        if alone and pin is None and is_ok(record) and (got := record["engine_lifetime"].get("kv_pin")):
             self.kv_pins[flags_key(flags)] = got
         return record
 

@@ -17,6 +17,7 @@ from throttle_sweep.report.comparison import lines, write
 from throttle_sweep.settings.analyze import load_analyze
 from throttle_sweep.stats.analysis import analyse, analyse_joint, check_positions, load_input
 from throttle_sweep.store.inventory import CALIBRATION, CAPACITY, COMPARISON, GOODPUT, MEASURE, PROBE, Entry, inventory
+from throttle_sweep.store.records import is_ok
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -69,7 +70,7 @@ def listing(entries: list[Entry], path: Path) -> list[str]:
             out.append(f"  comparison {e.name}  {e.stage or 'costs'} {e.key or ''}  {e.runs} runs: {state}")
         elif e.kind == CALIBRATION:
             runs = ", ".join(f"{r['workload']['num_requests']} requests in {r['wall_s']:.1f} s"
-                             if r.get("status") == "ok" else str(r.get("status")) for r in e.records)
+                             if is_ok(r) else str(r.get("status")) for r in e.records)
             out.append(f"  the calibration run that sized the work by time (workload.replicate_s): {runs}; not "
                        "a comparison")
         elif e.kind == CAPACITY:

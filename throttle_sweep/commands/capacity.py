@@ -22,7 +22,7 @@ from throttle_sweep.report.html_page import flag_words
 from throttle_sweep.settings.capacity import CapacitySettings, load_capacity
 from throttle_sweep.store.lock import hold
 from throttle_sweep.store.provenance import claim_run_folder
-from throttle_sweep.store.records import RecordLog
+from throttle_sweep.store.records import RecordLog, is_ok
 
 STAGE = "capacity"
 
@@ -119,7 +119,7 @@ def measure_all(search: RateSearch, slot: WarmSlot, flags: dict[str, Any], log: 
         except ClientTooSlow as exc:
             say(f"[red]{exc}[/]")
             return 1
-        if record["status"] != "ok":
+        if not is_ok(record):
             say(f"[red]the run at {rate:g} req/s failed: {record.get('reason')}[/]; the runs so far are kept")
             return 1
         met, n = met_of(record, settings)

@@ -26,7 +26,7 @@ from throttle_sweep.settings.goodput import GPU_TYPE, GoodputRun, load_goodput, 
 from throttle_sweep.settings.sweep import space_extremes
 from throttle_sweep.store.lock import hold
 from throttle_sweep.store.provenance import claim_run_folder, overrides_for
-from throttle_sweep.store.records import RecordLog
+from throttle_sweep.store.records import RecordLog, is_ok
 from throttle_sweep.sweep.budget import spent_by
 from throttle_sweep.sweep.export import export_best
 from throttle_sweep.sweep.goodput import plot as sweep_plot
@@ -58,7 +58,7 @@ def run(cfg: DictConfig, console: Console) -> int:
             else:
                 raise ClusterError(f"{c.label}'s slot lost {1 + SLOT_RETRIES} runs in a row at {rate:g} req/s; every "
                                    "run so far is kept: run the same command again when the cluster is whole")
-            if record["status"] == "ok":
+            if is_ok(record):
                 met, counted = met_of(record, r.capacity)
                 say(run_line(f"{c.label} {search_stage}", rate, record, met, counted,
                              met / counted >= r.capacity.slo.attainment, r.capacity))

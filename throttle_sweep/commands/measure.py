@@ -22,7 +22,7 @@ from throttle_sweep.settings.sections import (
 )
 from throttle_sweep.store.lock import hold
 from throttle_sweep.store.provenance import claim_run_folder
-from throttle_sweep.store.records import RecordLog
+from throttle_sweep.store.records import RecordLog, is_ok
 
 
 def run(cfg: DictConfig, console: Console) -> int:
@@ -48,7 +48,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"record: {log.path}")
     console.print(f"report: {page(out, record, one_line(record, price), engine.name)}")
-    return 0 if record["status"] == "ok" else 1
+    return 0 if is_ok(record) else 1
 
 
 RUN_FACTS = ("status", "output_tokens_per_s", "usd_per_mtok", "usd_per_mtok_total", "cost_basis", "preemptions",

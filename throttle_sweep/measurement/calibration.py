@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from throttle_sweep.measurement.workload import WorkloadSpec
+from throttle_sweep.store.records import is_ok
 
 STAGE = "calibration"
 CONTEXT = {"stage": STAGE}
@@ -34,9 +35,9 @@ def size(spec: WorkloadSpec, baseline: Mapping[str, Any], records: Iterable[Mapp
     again = record is not None
     for _ in range(0 if again else attempts):
         record = run_baseline()
-        if record["status"] == "ok" or not record.get("infrastructure"):
+        if is_ok(record) or not record.get("infrastructure"):
             break
-    if record is None or record["status"] != "ok":
+    if record is None or not is_ok(record):
         raise Failed(failed_words(record or {}))
     now = sized(spec, record)
     return now, sentence(spec, now, record, again=again)
@@ -53,7 +54,7 @@ def found(records: Iterable[Mapping[str, Any]], spec: WorkloadSpec, baseline: Ma
     """The calibration run an earlier run made of this configured workload with these baseline flags (the
     first that ran ok: the one that sized the records after it)."""
     configured = asdict(spec)
-    return next((r for r in records if r.get("stage") == STAGE and r.get("status") == "ok" and r.get("wall_s")
+    return next((r for r in records if r.get("stage") == STAGE and is_ok(r) and r.get("wall_s")
                  and r.get("workload") == configured and r.get("flags") == dict(baseline)), None)
 
 

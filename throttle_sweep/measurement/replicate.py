@@ -21,7 +21,7 @@ from throttle_sweep.errors import EngineRunError, EngineStartError
 from throttle_sweep.measurement.cost import Price, usd_per_mtok
 from throttle_sweep.measurement.energy import Meter, energy_note, joules_per_token, joules_text, meter_for
 from throttle_sweep.measurement.workload import DriveResult, WorkloadSpec, drive, make_requests
-from throttle_sweep.store.records import SCHEMA_VERSION
+from throttle_sweep.store.records import SCHEMA_VERSION, is_ok
 
 
 def now_iso() -> str:
@@ -254,7 +254,7 @@ def judge_energy(record: dict[str, Any], energy: Meter | str | None, price: Pric
         return
     if energy is not None:
         record["energy_off"] = energy if isinstance(energy, str) else energy.off or "the meter gave no reading"
-    if price.usd_per_kwh is not None and record["status"] == "ok":
+    if price.usd_per_kwh is not None and is_ok(record):
         record.update(status="failed", reason=(
             f"cost.usd_per_kwh={price.usd_per_kwh:g} prices the energy the GPUs use, but this replicate has no "
             f"energy reading ({record.get('energy_off') or 'this engine runs on no GPU'}): its cost cannot be "
@@ -328,7 +328,7 @@ def short_work_note(records: Sequence[Mapping[str, Any]]) -> str | None:
     tick = time.get_clock_info("perf_counter").resolution
     for r in records:
         wall = r.get("wall_s")
-        if r.get("status") == "ok" and wall and wall < TIMER_TICKS * tick:
+        if is_ok(r) and wall and wall < TIMER_TICKS * tick:
             return (f"a replicate's measured work took {wall:.2g} s, under {TIMER_TICKS} ticks of the timer "
                     f"({tick:g} s each), so timer steps weigh in its cost per token; raise workload.num_requests "
                     "(or output_len)")
@@ -353,7 +353,7 @@ def one_line(record: Mapping[str, Any], price: Price) -> str:
     price = price.charged(record.get("flags") or {})
     if record.get("void"):
         return f"VOID: {record['void']}"
-    if record["status"] != "ok":
+    if not is_ok(record):
         return f"FAILED ({record.get('failed_at', 'run')}): {record.get('reason')}"
     lat = record["latency_s"]
     steady = record.get("steady")

@@ -14,6 +14,7 @@ from throttle_sweep.stats.analysis import BASIS_LABEL, Analysis, judged_joules
 from throttle_sweep.stats.fit import fit
 from throttle_sweep.stats.schedule import BASELINE, CANDIDATE
 from throttle_sweep.stats.verdict import Observation, Thresholds
+from throttle_sweep.store.records import is_ok
 
 
 def summary(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> dict[str, Any]:
@@ -26,7 +27,7 @@ def summary(analysis: Analysis, thresholds: Thresholds, price: Price | None) -> 
                                              "usd_per_kwh": price.usd_per_kwh, "assumed": True},
         "cost_basis": analysis.basis,
         "replicates": [{"position": r["position"], "arm": r["arm"], "usd_per_mtok": r.get("usd_per_mtok"),
-                        "judged_usd_per_mtok": analysis.cost_of(r) if r.get("status", "ok") == "ok" else None,
+                        "judged_usd_per_mtok": analysis.cost_of(r) if is_ok(r) else None,
                         "judged_j_per_output_token": judged_joules(r, analysis.basis),
                         "status": r.get("status", "ok"), "preemptions": r.get("preemptions"),
                         "record_id": r.get("record_id")} for r in analysis.records],

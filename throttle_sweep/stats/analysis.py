@@ -16,7 +16,7 @@ from typing import Any
 from throttle_sweep.errors import ConfigError, RecordError
 from throttle_sweep.stats.schedule import BASELINE, CANDIDATE
 from throttle_sweep.stats.verdict import WITHHELD, Estimate, Observation, Prior, Thresholds, estimate, estimate_joint
-from throttle_sweep.store.records import check_record
+from throttle_sweep.store.records import check_record, is_ok
 
 COST_BASES = ("steady", "fixed_work", "offered_load")
 BASIS_LABEL = {"steady": "steady state", "fixed_work": "whole fixed work", "offered_load": "at the offered load",
@@ -62,7 +62,7 @@ def judged_cost(record: Mapping[str, Any], basis: str) -> float:
 
 
 def _ok(record: Mapping[str, Any]) -> bool:
-    return record.get("status", "ok") == "ok" and record.get("usd_per_mtok") is not None
+    return is_ok(record) and record.get("usd_per_mtok") is not None
 
 
 def _basis(ok: Sequence[Mapping[str, Any]], wanted: str) -> tuple[str, str | None]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from throttle_sweep.stats.schedule import BASELINE
+from throttle_sweep.store.records import is_ok
 
 MAX_ATTEMPTS = 3  # a comparison stopped this often by faults that are not the candidate's is given up
 
@@ -36,7 +37,7 @@ def fault_of(records: Mapping[int, Mapping[str, Any]]) -> Fault | None:
     killed for memory) is never the flags' fault, and a failed baseline is not the candidate's."""
     for position in sorted(records):
         record = records[position]
-        if record.get("status") != "ok":
+        if not is_ok(record):
             if record.get("void"):  # the client was the bottleneck: no one's flags are to blame
                 return Fault("client", dict(record))
             if record.get("infrastructure"):

@@ -14,6 +14,7 @@ from typing import Any
 
 from throttle_sweep.errors import ConfigError
 from throttle_sweep.settings.schema import CONF_DIR
+from throttle_sweep.store.records import is_ok
 
 # The sections of a configuration that decide what is measured (the rest says how to run or report it).
 MEASURED = ("backend", "engine", "baseline", "candidate", "workload", "cost", "fake", "twin")
@@ -194,4 +195,4 @@ def has_records(out: Path) -> bool:
     from throttle_sweep.store.records import iter_records
 
     records = out / "replicates.jsonl"
-    return records.is_file() and any(r.get("status") == "ok" for r in iter_records(records))
+    return records.is_file() and any(is_ok(r) for r in iter_records(records))

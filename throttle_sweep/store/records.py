@@ -23,6 +23,12 @@ KNOWN_MAJORS = {1}
 REQUIRED = ("schema_version", "record_id", "run_id", "arm", "flags", "position", "status")
 
 
+def is_ok(record: Mapping[str, Any]) -> bool:
+    """The one status check: a replicate that ran to its end (status "ok"; every record has a status, REQUIRED,
+    and analyze's rows are given one), not failed, void or cut short."""
+    return record["status"] == "ok"
+
+
 def append_record(path: Path, record: Mapping[str, Any]) -> None:
     """Append one record durably: a crash after this returns cannot lose it."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from throttle_sweep.store.records import is_ok
 from throttle_sweep.sweep.plan import Plan, project
 from throttle_sweep.sweep.runner import Runner, confirms_together
 from throttle_sweep.sweep.trials import engine_seconds
@@ -88,7 +89,7 @@ def projected(runner: Runner) -> Plan | None:
     requests = (runner.workload_key.get("workload") or {}).get("num_requests")
     reference = view.findings.reference
     clean = [r for runs in view.findings.probe_runs.values() for r in runs
-             if r.get("status") == "ok" and (r.get("preemptions") or 0) <= s.max_preemptions]
+             if is_ok(r) and (r.get("preemptions") or 0) <= s.max_preemptions]
     at_reference = [r for r in clean if reference is not None
                     and all(r["flags"].get(k) == v for k, v in reference.items())]
     baseline_s = engine_seconds([baseline])

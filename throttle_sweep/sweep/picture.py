@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 from throttle_sweep.stats.analysis import BASIS_LABEL, judged_cost
 from throttle_sweep.stats.schedule import BASELINE
+from throttle_sweep.store.records import is_ok
 from throttle_sweep.sweep.driver import SweepResult
 from throttle_sweep.sweep.report import yardstick
 from throttle_sweep.sweep.trials import cost, feasible
@@ -33,7 +34,7 @@ class Run:
 
 def measured(r: Mapping[str, Any], basis: str) -> bool:
     """A run with a cost on the judged basis (warm-up runs, failures and runs with no steady window have none)."""
-    return (r.get("status") == "ok" and not r.get("warmup") and r.get("usd_per_mtok") is not None
+    return (is_ok(r) and not r.get("warmup") and r.get("usd_per_mtok") is not None
             and (basis != "steady" or bool(r.get("steady"))))
 
 

@@ -21,6 +21,7 @@ import optuna
 from throttle_sweep.engines.flags import flags_key
 from throttle_sweep.measurement import calibration
 from throttle_sweep.stats.schedule import BASELINE, CANDIDATE
+from throttle_sweep.store.records import is_ok
 from throttle_sweep.sweep.boundary import Boundary, BoundarySearch, knob_values
 from throttle_sweep.sweep.budget import say_plan, spent
 from throttle_sweep.sweep.kv_capacity import KV_NEUTRAL, PROBE_WAVES, capacity, in_flight, probe_work
@@ -46,7 +47,7 @@ class Probes:
         self.pending: list[Pending] = [(None, 0, 1)]  # the baseline first
         self.capacity: int | None = None  # the most full-length requests the baseline's KV cache holds
         self.roomy = False  # it holds twice what any value runs at once: other token budgets are not probed
-        calibrated = next((r for r in runner.records if r.get("stage") == calibration.STAGE and r.get("status") == "ok"
+        calibrated = next((r for r in runner.records if r.get("stage") == calibration.STAGE and is_ok(r)
                            and r.get("flags") == view.baseline_flags and r.get("workload") == self.work), None)
         if calibrated is not None:  # the work sized by time came out as configured: that run is the baseline's
             self.pending = []
@@ -145,7 +146,7 @@ class Probes:
             self.pending.insert(0, comp.probe)
             return
         record = comp.records[0]
-        ok = record.get("status") == "ok"
+        ok = is_ok(record)
         found = self.view.findings
         if search is None:
             if not ok:
@@ -243,7 +244,7 @@ def choose_reference(runner: Runner, view: StudyView) -> None:
     if clean is None or not boundary.exact():
         return
     point = {**boundary.others, boundary.knob: boundary.values[clean]}
-    runs = [r for r in found.probe_runs.get((flags_key(boundary.others), clean), []) if r.get("status") == "ok"]
+    runs = [r for r in found.probe_runs.get((flags_key(boundary.others), clean), []) if is_ok(r)]
     costs = [c for c in map(view.probe_cost, runs) if c]
     flags = view.candidate_flags(point)
     if len(costs) < 2 or flags == view.baseline_flags or view.schedules.same(flags, view.baseline_flags):

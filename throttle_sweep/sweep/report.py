@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.report import html_page
 from throttle_sweep.stats.analysis import BASIS_LABEL
+from throttle_sweep.store.records import is_ok
 from throttle_sweep.sweep.boundary import describe, ordered
 from throttle_sweep.sweep.driver import SweepResult
 from throttle_sweep.sweep.refusals import refusal_lines
@@ -275,7 +276,7 @@ def baseline_words(baseline: Mapping[str, Any] | None) -> str:
 def no_answer(result: SweepResult) -> str | None:
     """Why the sweep has no answer at all: its search stopped on its budget before any comparison was measured
     (the probes alone decide nothing), so no saving is claimed nor ruled out. None when it has one."""
-    compared = any(r.get("stage") in ("search", "confirm") and r.get("status") == "ok" for r in result.records)
+    compared = any(r.get("stage") in ("search", "confirm") and is_ok(r) for r in result.records)
     again = "raise study.timeout_s or study.budget_usd (or unset them) and run the same command again: it resumes"
     if result.stopped_by is None or result.confirmations:
         return None

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from throttle_sweep.engines.flags import flags_key
+from throttle_sweep.store.records import is_ok
 
 # Knobs whose only effect on a step is which requests it schedules and how many of their tokens (and, through
 # the KV cache's size, when that runs out): equal schedules mean equal work, step by step.
@@ -50,7 +51,7 @@ class ScheduleIndex:
         prompt tokens its prefix cache served (work not done), which a smaller KV cache may evict sooner."""
         mark = (record.get("engine_schedule") or {}).get("fingerprint")
         # a calibration run's work is of another size (workload.replicate_s): not these flags' schedule
-        replicate = record.get("status") == "ok" and not record.get("warmup") and record.get("stage") != "calibration"
+        replicate = is_ok(record) and not record.get("warmup") and record.get("stage") != "calibration"
         if mark and replicate:
             hits = (record.get("prefix_cache") or {}).get("hits")
             size = (record.get("workload_changed") or {}).get("num_requests")  # a probe's waves: compared alike

@@ -13,6 +13,7 @@ from typing import Any
 
 from throttle_sweep.stats.schedule import joint_arm, tiebreak_schedule, with_warmup
 from throttle_sweep.stats.verdict import Observation
+from throttle_sweep.store.records import is_ok
 from throttle_sweep.sweep.budget import spent
 from throttle_sweep.sweep.runner import Comparison, Runner
 from throttle_sweep.sweep.state import StudyView
@@ -88,7 +89,7 @@ class TieBreakStage:
         self.result.observations = [
             Observation(f"trial-{r['trial']}", r["position"], self.cost_of(r), segment=1)
             for r in sorted(comp.records.values(), key=lambda r: r["position"])
-            if r.get("status", "ok") == "ok" and r.get("usd_per_mtok") is not None and not r.get("warmup")]
+            if is_ok(r) and r.get("usd_per_mtok") is not None and not r.get("warmup")]
 
     def rest(self) -> int:
         s = self.view.settings

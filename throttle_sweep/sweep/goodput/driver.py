@@ -40,6 +40,7 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.settings.capacity import CapacitySettings
 from throttle_sweep.settings.goodput import GPU_TYPE, without_type
+from throttle_sweep.store.records import is_ok
 from throttle_sweep.sweep.study import left_running
 
 SCREEN, CONFIRM = "goodput-screen", "goodput-confirm"
@@ -200,7 +201,7 @@ class GoodputSweep:
             rate, stage = step
             record = replayed(replay, c, rate) if replay else self.measure_run(c, rate, SCREEN, stage,
                                                                                c.search.replicate_of(rate))
-            if record.get("status") != "ok":
+            if not is_ok(record):
                 c.failed = str(record.get("reason"))
                 self.say(f"  {c.label} failed at {rate:g} req/s: {c.failed}; it is out")
                 return
@@ -243,7 +244,7 @@ class GoodputSweep:
                 return
             record = replayed(replay[c.label], c, rate, self.settings.at(rate, schedule)["arrival_seed"]) \
                 if replay[c.label] else self.measure_run(c, rate, CONFIRM, "confirm", schedule)
-            if record.get("status") != "ok":
+            if not is_ok(record):
                 c.failed = f"failed in confirmation: {record.get('reason')}"
                 self.say(f"  {c.label} {c.failed}; it is out")
                 continue
