@@ -64,19 +64,10 @@ def ctrl_c():
     signal.signal(signal.SIGINT, previous)
 
 
-def shares_a_module_fixture(item) -> bool:
-    """Does the test use a fixture its file sets up once (a measured sweep the file's tests read)?"""
-    defs = getattr(item, "_fixtureinfo", None)
-    return defs is not None and any(d.scope == "module" for ds in defs.name2fixturedefs.values() for d in ds)
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A process or integration file's tests share engines, servers and clusters: under `--dist loadgroup` each
-    such file stays on one worker, while the unit tier's tests spread one by one, but for those that share a
-    module-scoped fixture, which stay together so that it is set up once, not once on each worker."""
+    such file stays on one worker, while the unit tier's tests spread one by one."""
     for item in items:
         if item.path.parent.name in ("process", "integration"):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
-        elif shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}-shared"))
