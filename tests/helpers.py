@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
+from throttle_sweep.cluster.pool import HeldRecords
 from throttle_sweep.engines import FakeEngine, FakeKnobs
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.measurement.replicate import measure_replicate
@@ -57,14 +58,16 @@ def stage(next_comparison, finished, rest=lambda: 0):
     return SimpleNamespace(next=next_comparison, finished=finished, rest=rest)
 
 
-class FakeOneSlot(PoolBasics):
+class FakeOneSlot(HeldRecords, PoolBasics):
     """The smallest pool a Sweep runs on: one slot on the fake engine, each job measured when it is waited
-    for. `tweak(job, record)` may change a record before the driver gets it (a failure, a count);
-    `stop_after` jobs, the next wait raises KeyboardInterrupt (a Ctrl-C mid-sweep)."""
+    for, its record held until written (pool.Pool, as tests/unit/test_pool_contract.py checks).
+    `tweak(job, record)` may change a record before the driver gets it (a failure, a count); `stop_after`
+    jobs, the next wait raises KeyboardInterrupt (a Ctrl-C mid-sweep)."""
 
     slots, size = [0], 1
 
     def __init__(self, spec, *, knobs=None, tweak=None, stop_after=None):
+        super().__init__()
         self.engine, self.spec, self.tweak, self.stop_after = FakeEngine(knobs or FakeKnobs()), spec, tweak, stop_after
         self.queue, self.jobs = [], []
 
@@ -81,10 +84,11 @@ class FakeOneSlot(PoolBasics):
                                    position=job.position, environment={}, context={**job.context, "slot": "s0"})
         if self.tweak is not None:
             self.tweak(job, record)
+        self._held.append((job, record))
         return [(job, record)]
 
-    def close(self):
-        pass
+    def drain(self):
+        return self._take_held()
 
 
 def servers_running() -> list[int]:

@@ -1,7 +1,7 @@
 """What every pool promises the driver (pool.Pool), as one test class that each kind of pool subclasses with a
-`pool_overrides` fixture: LocalPool in tests/process, RayPool in tests/integration, the in-thread LocalPool and the
-test double FakeOneSlot in tests/unit (as optuna runs one set of
-storage tests across its storages). The fake engine, which refuses max_num_seqs above 4 at its start."""
+`pool_overrides` fixture (or its own `made`): LocalPool in tests/process, RayPool in tests/integration, the
+in-thread LocalPool and the test double FakeOneSlot in tests/unit (as optuna runs one set of storage tests across
+its storages). The fake engine, which refuses max_num_seqs above 4 at its start."""
 
 from __future__ import annotations
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 
 import pytest
+from filelock import FileLock
 from rich.console import Console
 
 from tests.helpers import compose_cfg
@@ -38,12 +40,24 @@ def run(tmp_path, *args):
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    """The default sweep for 40 req/s, measured once (per test worker): the three tests below read it, or rerun
-    the command on a copy of its folder."""
-    folder = tmp_path_factory.mktemp("measured")
-    code, said = run(folder, "workload.target_rps=40")
-    assert code == 0, said
-    return folder, said
+    """The default sweep for 40 req/s, measured once per test run: the four tests below read it, or rerun the
+    command on a copy of its folder. Under xdist the first worker to need it measures it into a folder all
+    workers share (their base temp's parent), under a lock the others wait on, and they read that folder."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp("measured")
+        code, said = run(folder, "workload.target_rps=40")
+        assert code == 0, said
+        return folder, said
+    folder = tmp_path_factory.getbasetemp().parent / "goodput-measured"
+    told = folder / "said.txt"  # written once the sweep succeeded
+    with FileLock(f"{folder}.lock"):
+        if not told.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # another worker's sweep that failed
+            folder.mkdir()
+            code, said = run(folder, "workload.target_rps=40")
+            assert code == 0, said
+            told.write_text(said)
+    return folder, told.read_text()
 
 
 def test_its_report_html_names_the_winner_as_the_terminal_did(measured):

@@ -62,7 +62,8 @@ def test_on_a_gpu_the_context_length_is_the_models_own():
     from throttle_sweep.models import QWEN2_5_0_5B
     from throttle_sweep.settings.sections import preflight
 
-    cfg = compose_cfg("engine=gpu", "backend=fake", f"engine.model={QWEN2_5_0_5B}", "workload.prompt_len=8192")
+    cfg = compose_cfg("engine=gpu", "backend=fake", f"engine.model={QWEN2_5_0_5B}", "workload.prompt_len=8192",
+                      "workload.num_requests=2", "workload.concurrency=2")  # two requests show the lengths
     flags = arm_flags(arm_flags(plain(cfg.engine)), plain(cfg.baseline))
     assert "max_model_len" not in flags
     spec = workload_from(cfg)

@@ -1,12 +1,10 @@
 """The HTTP session and the server engine's plumbing, against a stub streaming server (no vLLM): token
 counting across multi-token chunks and reads, usage checks, failures that name the request, a run void
-when the client was the bottleneck, the server's command line
-and environment, and a server stopped when it fails after it was healthy."""
+when the client was the bottleneck, the server's command line and environment. What needs a real server
+process (its sleep and wake, its stop after a failed start) is in tests/process/test_server_process.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,7 +13,7 @@ from tests.stub_openai import Behaviour, StubServer
 from throttle_sweep.engines.base import Request
 from throttle_sweep.engines.openai_http import HttpSession, StreamFailed, Tally, kv_gap, parse_metrics
 from throttle_sweep.engines.vllm_inproc import DEFAULTED, server_environment
-from throttle_sweep.engines.vllm_server import ServerSession, VllmServerEngine, server_argv
+from throttle_sweep.engines.vllm_server import VllmServerEngine, server_argv
 from throttle_sweep.errors import EngineRunError
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.measurement.replicate import client_bound, measure_on, one_line
@@ -143,18 +141,6 @@ def test_prefix_cache_reset_says_whether_it_worked(behaviour, tries):
     assert stub.resets >= tries and session.prefix_cache_reset is False
 
 
-def test_a_server_session_sleeps_and_wakes_through_vllms_dev_endpoints(tmp_path):
-    """A GPU slot keeping two warm servers puts the idle one to sleep (level 1) and wakes it for its turn."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    with StubServer() as stub:
-        port = int(stub.url.rsplit(":", 1)[1])
-        session = ServerSession(process, port, tmp_path / "log", "m", request_timeout_s=10, stop_grace_s=2)
-        session.sleep()
-        session.wake()
-    session.close()  # the stub is gone, so its port is free; the stand-in server's group is ended
-    assert stub.posts == ["/sleep?level=1", "/wake_up"] and process.poll() is not None
-
-
 def test_metrics_are_summed_over_label_sets():
     text = ('# HELP x\nvllm:num_preemptions_total{engine="0",model_name="a b"} 2.0\n'
             'vllm:num_preemptions_total{engine="1"} 3.0\nvllm:kv_cache_usage_perc 0.5\nbroken line\n')
@@ -180,37 +166,6 @@ def test_a_server_keeps_the_users_environment_but_not_the_in_process_defaults(mo
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "VLLM_LOGGING_LEVEL" not in env
         assert env["OMP_NUM_THREADS"] == "2" and DEFAULTED not in env
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and "VLLM_CPU_OMP_THREADS_BIND" not in gpu
-
-
-HEALTHY_WITHOUT_METRICS = """
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 500)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
-
-
-def test_a_server_that_fails_after_it_is_healthy_is_not_left_running(tmp_path, monkeypatch):
-    """Healthy, then its /metrics fails: the start fails, and the server (a stand-in here) is stopped."""
-    from throttle_sweep.engines import vllm_server
-
-    started = []
-
-    def launch(argv, log_path):
-        port = argv[argv.index("--port") + 1]
-        started.append(subprocess.Popen([sys.executable, "-c", HEALTHY_WITHOUT_METRICS, port],
-                                        start_new_session=True))
-        return started[-1]
-
-    monkeypatch.setattr(vllm_server, "launch", launch)
-    with pytest.raises(EngineRunError, match="metrics"):
-        VllmServerEngine(log_dir=tmp_path, start_timeout_s=30, stop_grace_s=2).start({"max_num_seqs": 2})
-    assert len(started) == 1 and started[0].poll() is not None
 
 
 def test_the_server_is_launched_as_vllm_serve_where_vllms_own_package_is_installed(monkeypatch):
