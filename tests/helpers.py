@@ -60,7 +60,7 @@ def stage(next_comparison, finished, rest=lambda: 0):
 
 class FakeOneSlot(HeldRecords, PoolBasics):
     """The smallest pool a Sweep runs on: one slot on the fake engine, each job measured when it is waited
-    for, its record held until written (pool.Pool, as tests/unit/test_pool_contract.py checks).
+    for, its record held until written (pool.Pool, as tests/unit/test_pool_contract_in_thread.py checks).
     `tweak(job, record)` may change a record before the driver gets it (a failure, a count); `stop_after`
     jobs, the next wait raises KeyboardInterrupt (a Ctrl-C mid-sweep)."""
 
