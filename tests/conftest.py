@@ -62,12 +62,3 @@ def ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    """A process or integration file's tests share engines, servers and clusters: under `--dist loadgroup` each
-    such file stays on one worker, while the unit tier's tests spread one by one."""
-    for item in items:
-        if item.path.parent.name in ("process", "integration"):
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))

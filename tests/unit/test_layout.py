@@ -40,3 +40,10 @@ def test_every_package_says_what_it_holds():
     bare = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py")
             if "conf" not in p.parts and "models" not in p.parts and not ast.get_docstring(ast.parse(p.read_text()))]
     assert not bare, bare
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """Test folders are not packages: two test files of one name in one pytest run fail its collection."""
+    tests = PACKAGE.parent / "tests"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
