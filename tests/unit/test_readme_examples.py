@@ -93,3 +93,40 @@ def test_regenerated_output_collapses_progress_and_keeps_continued_commands_whol
     assert regen.commands(body) == [body[:2], ["$ echo hi"]]
     printed = "compare ...\n\x1b[1mreplicate 1/8  elapsed 0s\x1b[0m\nreplicate 2/8  elapsed 5s\nverdict: CHEAPER\n"
     assert regen.shown(printed) == ["compare ...", "...", "verdict: CHEAPER"]
+
+
+def test_an_excerpt_mark_keeps_the_first_and_last_lines_of_each_output():
+    regen = regenerator()
+    mark = regen.MARK.removesuffix(" -->") + "; shown: first 2 and last 1 lines -->"
+    assert regen.blocks([mark, "```", "$ true", "```"]) == [(2, 2)]
+    shape = regen.shape_of(mark)
+    assert regen.excerpt([f"line {i}" for i in range(1, 8)], shape) == ["line 1", "line 2", "...", "line 7"]
+    assert regen.excerpt(["a", "b", "c", "d"], shape) == ["a", "b", "c", "d"]  # nothing worth cutting
+    assert regen.excerpt(["a", "b", "c", "d"], regen.shape_of(regen.MARK)) == ["a", "b", "c", "d"]
+
+
+def test_a_mark_names_the_exit_statuses_an_example_may_end_with():
+    regen = regenerator()
+    assert regen.shape_of(regen.MARK).exits == {0}
+    assert regen.shape_of(regen.MARK.removesuffix(" -->") + "; exit 0 or 1 -->").exits == {0, 1}
+    try:
+        regen.shape_of(regen.MARK.removesuffix(" -->") + "; shown: all -->")
+    except SystemExit as error:
+        assert "shown: all" in str(error)
+    else:
+        raise AssertionError("an unknown option of a mark was taken")
+
+
+def test_each_block_is_written_back_as_it_is_done_so_a_later_failure_keeps_it(tmp_path):
+    regen = regenerator()
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([regen.MARK, "```", "$ echo one", "stale", "```", "text",
+                               regen.MARK, "```", "$ echo two; exit 3", "stale", "```"]) + "\n")
+    try:
+        regen.regenerate(page)
+    except SystemExit as error:
+        assert "exit 3" in str(error)
+    else:
+        raise AssertionError("a failing example was taken as output")
+    text = page.read_text().splitlines()
+    assert text[2:5] == ["$ echo one", "one", "```"] and text[-3:] == ["$ echo two; exit 3", "stale", "```"]
