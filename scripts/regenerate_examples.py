@@ -5,7 +5,8 @@ continues one) are run in order, in one scratch folder per page, with this check
 the lines after each command become what it printed (progress lines collapsed to "..."). The mark may end
 with options before its `-->`: `; shown: first N and last M lines` keeps that excerpt of each command's output
 (the cut said by a "..." line), `; exit 0 or 1` accepts those exit statuses (default: 0; any other stops the
-page). Each block is written back as soon as it is done. Usage: `scripts/examples [PAGE.md ...]` (default:
+page). Each block is written back as soon as it is done; EXAMPLES_FULL_OUTPUT=FILE appends every command's
+whole output to FILE. Usage: `scripts/examples [PAGE.md ...]` (default:
 README.md and docs/*.md)."""
 
 from __future__ import annotations
@@ -108,7 +109,11 @@ def run(command: list[str], folder: Path, shape: Shape) -> list[str]:
     done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True)
     if done.returncode not in shape.exits:  # an example that fails is not written into a page as its output
         raise SystemExit(f"{command[0]} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
-    return excerpt(shown(done.stdout + done.stderr), shape)
+    printed = shown(done.stdout + done.stderr)
+    if full := os.environ.get("EXAMPLES_FULL_OUTPUT"):  # what an excerpt cut, kept for whoever reads the run
+        with open(full, "a") as log:
+            log.write("\n".join(command + printed) + "\n")
+    return excerpt(printed, shape)
 
 
 def regenerate(page: Path) -> int:

@@ -130,3 +130,12 @@ def test_each_block_is_written_back_as_it_is_done_so_a_later_failure_keeps_it(tm
         raise AssertionError("a failing example was taken as output")
     text = page.read_text().splitlines()
     assert text[2:5] == ["$ echo one", "one", "```"] and text[-3:] == ["$ echo two; exit 3", "stale", "```"]
+
+
+def test_the_whole_output_of_an_excerpt_is_kept_where_asked(tmp_path, monkeypatch):
+    regen = regenerator()
+    log = tmp_path / "full.log"
+    monkeypatch.setenv("EXAMPLES_FULL_OUTPUT", str(log))
+    shape = regen.shape_of(regen.MARK.removesuffix(" -->") + "; shown: first 1 and last 1 lines -->")
+    assert regen.run(["$ seq 5"], tmp_path, shape) == ["1", "...", "5"]
+    assert log.read_text().splitlines() == ["$ seq 5", "1", "2", "3", "4", "5"]
