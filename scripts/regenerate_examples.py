@@ -6,8 +6,8 @@ the lines after each command become what it printed (progress lines collapsed to
 with options before its `-->`: `; shown: first N and last M lines` keeps that excerpt of each command's output
 (the cut said by a "..." line), `; exit 0 or 1` accepts those exit statuses (default: 0; any other stops the
 page). Each block is written back as soon as it is done; EXAMPLES_FULL_OUTPUT=FILE appends every command's
-whole output to FILE. Usage: `scripts/examples [PAGE.md ...]` (default:
-README.md and docs/*.md)."""
+whole output to FILE. Usage: `scripts/examples [PAGE.md ...] [--skip TEXT ...]` (default: README.md and
+docs/*.md; a block whose text holds a TEXT is left as it is)."""
 
 from __future__ import annotations
 
@@ -116,26 +116,32 @@ def run(command: list[str], folder: Path, shape: Shape) -> list[str]:
     return excerpt(printed, shape)
 
 
-def regenerate(page: Path) -> int:
-    lines = page.read_text().splitlines()
+def regenerate(page: Path, skip: tuple[str, ...] = ()) -> int:
+    lines, done = page.read_text().splitlines(), 0
     count = len(blocks(lines))
     with tempfile.TemporaryDirectory(prefix="examples-") as scratch:  # in page order: a later one may read an earlier
         (Path(scratch) / "examples").symlink_to(ROOT / "examples")  # the shipped inputs, as from the checkout
         for k in range(count):
             first, last = blocks(lines)[k]
             shape, body = shape_of(lines[first - 2]), []
+            if any(text in "\n".join(lines[first:last + 1]) for text in skip):
+                print(f"{page.name}: skipped: {lines[first][:100]}", file=sys.stderr)
+                continue
             for command in commands(lines[first:last + 1]):
                 print(f"{page.name}: {command[0]}", file=sys.stderr)
                 body += command + run(command, Path(scratch), shape)
             lines[first:last + 1] = body
             page.write_text("\n".join(lines) + "\n")  # now: a later example that fails leaves this one written
-    return count
+            done += 1
+    return done
 
 
 def main(argv: list[str]) -> int:
+    skip = tuple(argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--skip")
+    argv = [arg for i, arg in enumerate(argv) if arg != "--skip" and (i == 0 or argv[i - 1] != "--skip")]
     pages = [Path(p) for p in argv] or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     for page in pages:
-        print(f"{page}: {regenerate(page)} example(s) regenerated", file=sys.stderr)
+        print(f"{page}: {regenerate(page, skip)} example(s) regenerated", file=sys.stderr)
     return 0
 
 

@@ -139,3 +139,13 @@ def test_the_whole_output_of_an_excerpt_is_kept_where_asked(tmp_path, monkeypatc
     shape = regen.shape_of(regen.MARK.removesuffix(" -->") + "; shown: first 1 and last 1 lines -->")
     assert regen.run(["$ seq 5"], tmp_path, shape) == ["1", "...", "5"]
     assert log.read_text().splitlines() == ["$ seq 5", "1", "2", "3", "4", "5"]
+
+
+def test_examples_named_to_skip_are_left_as_they_are(tmp_path):
+    regen = regenerator()
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([regen.MARK, "```", "$ echo slow", "old", "```",
+                               regen.MARK, "```", "$ echo quick", "old", "```"]) + "\n")
+    assert regen.main([str(page), "--skip", "slow"]) == 0
+    assert page.read_text().splitlines() == [regen.MARK, "```", "$ echo slow", "old", "```",
+                                             regen.MARK, "```", "$ echo quick", "quick", "```"]
