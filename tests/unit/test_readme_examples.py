@@ -93,6 +93,8 @@ def test_regenerated_output_collapses_progress_and_keeps_continued_commands_whol
     assert regen.commands(body) == [body[:2], ["$ echo hi"]]
     printed = "compare ...\n\x1b[1mreplicate 1/8  elapsed 0s\x1b[0m\nreplicate 2/8  elapsed 5s\nverdict: CHEAPER\n"
     assert regen.shown(printed) == ["compare ...", "...", "verdict: CHEAPER"]
+    estimated = "sweep ...\nreplicate 1/~93  elapsed 3s  ETA ?\nreplicate 2/~94  elapsed 46s\nprobes: done\n"
+    assert regen.shown(estimated) == ["sweep ...", "...", "probes: done"]  # a count still estimated ('~') too
 
 
 def test_an_excerpt_mark_keeps_the_first_and_last_lines_of_each_output():
