@@ -39,7 +39,7 @@ PUBLISHED_ARMS = ["baseline.max_num_seqs=1", "candidate.max_num_seqs=8", "compar
                   "compare.replicates=3", "workload.concurrency=8", "cost.usd_per_gpu_hour=1.39"]
 STEPS = {
     # On a GPU: sized so that the H100 twin predicts at most 10 GPU-minutes for both steps (scripts/gpu-check
-    # --twin H100; the README has its output, tests/integration/test_gpu_check.py holds it). Engine starts
+    # --twin H100; docs/modes.md has its output, tests/integration/test_gpu_check.py holds it). Engine starts
     # dominate: every replicate starts an engine, 18 in all. The published comparison: six runs of 8 requests
     # of 256 + 256 tokens (the candidate runs them as one batch, the baseline one at a time). The sweep keeps
     # 1024 in flight over a range that holds vLLM's defaults (256 sequences on an A100, 1024 on an H100; 2048

@@ -93,3 +93,61 @@ def test_regenerated_output_collapses_progress_and_keeps_continued_commands_whol
     assert regen.commands(body) == [body[:2], ["$ echo hi"]]
     printed = "compare ...\n\x1b[1mreplicate 1/8  elapsed 0s\x1b[0m\nreplicate 2/8  elapsed 5s\nverdict: CHEAPER\n"
     assert regen.shown(printed) == ["compare ...", "...", "verdict: CHEAPER"]
+    estimated = "sweep ...\nreplicate 1/~93  elapsed 3s  ETA ?\nreplicate 2/~94  elapsed 46s\nprobes: done\n"
+    assert regen.shown(estimated) == ["sweep ...", "...", "probes: done"]  # a count still estimated ('~') too
+
+
+def test_an_excerpt_mark_keeps_the_first_and_last_lines_of_each_output():
+    regen = regenerator()
+    mark = regen.MARK.removesuffix(" -->") + "; shown: first 2 and last 1 lines -->"
+    assert regen.blocks([mark, "```", "$ true", "```"]) == [(2, 2)]
+    shape = regen.shape_of(mark)
+    assert regen.excerpt([f"line {i}" for i in range(1, 8)], shape) == ["line 1", "line 2", "...", "line 7"]
+    assert regen.excerpt(["a", "b", "c", "d"], shape) == ["a", "b", "c", "d"]  # nothing worth cutting
+    assert regen.excerpt(["a", "b", "c", "d"], regen.shape_of(regen.MARK)) == ["a", "b", "c", "d"]
+
+
+def test_a_mark_names_the_exit_statuses_an_example_may_end_with():
+    regen = regenerator()
+    assert regen.shape_of(regen.MARK).exits == {0}
+    assert regen.shape_of(regen.MARK.removesuffix(" -->") + "; exit 0 or 1 -->").exits == {0, 1}
+    try:
+        regen.shape_of(regen.MARK.removesuffix(" -->") + "; shown: all -->")
+    except SystemExit as error:
+        assert "shown: all" in str(error)
+    else:
+        raise AssertionError("an unknown option of a mark was taken")
+
+
+def test_each_block_is_written_back_as_it_is_done_so_a_later_failure_keeps_it(tmp_path):
+    regen = regenerator()
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([regen.MARK, "```", "$ echo one", "stale", "```", "text",
+                               regen.MARK, "```", "$ echo two; exit 3", "stale", "```"]) + "\n")
+    try:
+        regen.regenerate(page)
+    except SystemExit as error:
+        assert "exit 3" in str(error)
+    else:
+        raise AssertionError("a failing example was taken as output")
+    text = page.read_text().splitlines()
+    assert text[2:5] == ["$ echo one", "one", "```"] and text[-3:] == ["$ echo two; exit 3", "stale", "```"]
+
+
+def test_the_whole_output_of_an_excerpt_is_kept_where_asked(tmp_path, monkeypatch):
+    regen = regenerator()
+    log = tmp_path / "full.log"
+    monkeypatch.setenv("EXAMPLES_FULL_OUTPUT", str(log))
+    shape = regen.shape_of(regen.MARK.removesuffix(" -->") + "; shown: first 1 and last 1 lines -->")
+    assert regen.run(["$ seq 5"], tmp_path, shape) == ["1", "...", "5"]
+    assert log.read_text().splitlines() == ["$ seq 5", "1", "2", "3", "4", "5"]
+
+
+def test_examples_named_to_skip_are_left_as_they_are(tmp_path):
+    regen = regenerator()
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([regen.MARK, "```", "$ echo slow", "old", "```",
+                               regen.MARK, "```", "$ echo quick", "old", "```"]) + "\n")
+    assert regen.main([str(page), "--skip", "slow"]) == 0
+    assert page.read_text().splitlines() == [regen.MARK, "```", "$ echo slow", "old", "```",
+                                             regen.MARK, "```", "$ echo quick", "quick", "```"]
