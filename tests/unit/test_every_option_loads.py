@@ -83,3 +83,10 @@ def test_every_option_loads_or_is_refused_by_name(mode, tmp_path):
     assert len(outcomes) >= 15
     if mode in ("compare", "capacity"):
         assert outcomes[("vllm", "engine=tiny_cpu")] == "loaded", outcomes[("vllm", "engine=tiny_cpu")]
+
+
+def test_a_shipped_space_is_named_as_the_package_names_it_not_by_where_it_is_installed(tmp_path):
+    from throttle_sweep.settings.sweep import space_file
+
+    compose_cfg("mode=sweep", "+space=batching", tmp_path=tmp_path)
+    assert space_file("batching") == "throttle_sweep/conf/space/batching.yaml"

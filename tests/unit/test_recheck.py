@@ -60,6 +60,7 @@ def test_a_saving_that_still_holds_exits_0_with_records_of_its_own_and_the_versi
     assert (out / "replicates.jsonl").read_text() == before  # the study's records are not touched
     assert "vLLM 0.30.0 then, - now" in said and "device fake then, fake now" in said
     (verdict,) = [line for line in said.splitlines() if line.startswith("recheck:")]
+    assert sum(line.startswith("report:") for line in said.splitlines()) == 1, said  # the page, once, at the end
     assert "HOLDS" in verdict and "ratio 0.300 [0.250, 0.360]" in verdict and "CHEAPER" in verdict
 
 

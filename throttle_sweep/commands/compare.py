@@ -34,7 +34,7 @@ def run(cfg: DictConfig, console: Console) -> int:
 
 
 def measure_comparison(r: CompareRun, cfg: DictConfig, console: Console, *,
-                       context: Mapping[str, Any] | None = None) -> Analysis | int:
+                       context: Mapping[str, Any] | None = None, report_line: bool = True) -> Analysis | int:
     """The comparison `r` measured in its folder (saving `cfg` there), printed and summarised: its analysis,
     or the exit code of a calibration run that failed (1) or a run that was interrupted (130). `context`
     joins every record (mode=recheck names the export it re-measures)."""
@@ -88,7 +88,8 @@ def measure_comparison(r: CompareRun, cfg: DictConfig, console: Console, *,
     for note in closing_notes(records):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"summary: {paths['md']}")
-    console.print(f"report: {paths['html']}")
+    if report_line:  # a caller that rewrites the page says where it is itself
+        console.print(f"report: {paths['html']}")
     return analysis
 
 

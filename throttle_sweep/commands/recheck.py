@@ -36,7 +36,7 @@ def run(cfg: DictConfig, console: Console) -> int:
         f"{r.study!r} confirmed at ratio {ratio:.3f} [{low:.3f}, {high:.3f}]; recorded on "
         f"{versions_words(r.measured_with)}")
     result = measure_comparison(r.compare, r.config, console,
-                                context={"recheck": {"study": r.study, "best": str(r.best)}})
+                                context={"recheck": {"study": r.study, "best": str(r.best)}}, report_line=False)
     if isinstance(result, int):
         return result
     versions = "versions: " + "; ".join(f"{label} {shown(then)} then, {shown(now)} now"

@@ -16,6 +16,7 @@ from throttle_sweep.errors import ConfigError
 from throttle_sweep.measurement.cost import Price
 from throttle_sweep.measurement.workload import WorkloadSpec
 from throttle_sweep.settings.notes import few_replicates_note, kv_size_note, shared_engine_note
+from throttle_sweep.settings.schema import CONF_DIR
 from throttle_sweep.settings.sections import (
     arm_flags,
     cost_basis_from,
@@ -127,6 +128,8 @@ def space_file(name: str) -> str:
     if HydraConfig.initialized():
         for source in HydraConfig.get().runtime.config_sources:
             if source.schema == "file" and (Path(source.path) / "space" / f"{name}.yaml").exists():
+                if Path(source.path).resolve() == Path(CONF_DIR).resolve():
+                    break  # ours: named as the package names it, wherever it is installed
                 return str(Path(source.path) / "space" / f"{name}.yaml")
     return f"throttle_sweep/conf/space/{name}.yaml"
 
